@@ -36,28 +36,49 @@ def scaled_copy(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
 
 
 def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor, scale: float) -> None:
-    offset = 0
-    same_dtype = all(t.dtype == out.dtype for t in tensors)
-    if same_dtype and len(tensors) > 1:
-        # One C++ call instead of a Python loop: the fusion path is per-step hot.
-        total = sum(t.numel() for t in tensors)
-        region = out.narrow(0, 0, total)
-        torch.cat([t.reshape(-1) for t in tensors], out=region)
-        if scale != 1.0:
-            region.mul_(scale)
+    if scale != 1.0 and any(not _widens(t.dtype, out.dtype) and t.dtype != out.dtype
+                            for t in tensors):
+        # Narrowing with a scale: multiply before the cast so it rounds once.
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            scaled_copy(out.narrow(0, offset, n).view(t.shape), t, scale)
+            offset += n
         return
-    for t in tensors:
-        n = t.numel()
-        scaled_copy(out.narrow(0, offset, n).view(t.shape), t, scale)
-        offset += n
+    # One C++ call for all tensors (the fusion path runs every step); the cast into out is
+    # exact here, so the multiply afterwards in out's dtype rounds once.
+    total = sum(t.numel() for t in tensors)
+    region = out.narrow(0, 0, total)
+    torch.cat([t.reshape(-1) for t in tensors], out=region)
+    if scale != 1.0:
+        region.mul_(scale)
 
 
 def unpack(buffer: torch.Tensor, tensors: Sequence[torch.Tensor], scale: float) -> None:
+    total = sum(t.numel() for t in tensors)
+    narrowing = any(not _widens(buffer.dtype, t.dtype) and t.dtype != buffer.dtype
+                    for t in tensors)
+    if _HAS_FOREACH and (scale == 1.0 or not narrowing):
+        views = _unflatten(buffer.narrow(0, 0, total), tensors)
+        torch._foreach_copy_(tensors, views)
+        if scale != 1.0:
+            torch._foreach_mul_(tensors, scale)
+        return
     offset = 0
     for t in tensors:
         n = t.numel()
         scaled_copy(t, buffer.narrow(0, offset, n).view(t.shape), scale)
         offset += n
+
+
+def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]):
+    """Views of ``flat`` shaped like ``like``, made in one C++ call."""
+    return torch._C._nn.unflatten_dense_tensors(flat, list(like))
+
+
+# Private but long-standing torch APIs (used by DDP); fall back to a loop without them.
+_HAS_FOREACH = (hasattr(torch, "_foreach_copy_") and hasattr(torch, "_foreach_mul_")
+                and hasattr(torch._C._nn, "unflatten_dense_tensors"))
 
 
 def scale_(tensor: torch.Tensor, factor: float) -> None:
