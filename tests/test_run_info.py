@@ -1,0 +1,54 @@
+"""The ``ripples info`` command: it runs without mpiexec and names the MPI library in use."""
+import os
+import subprocess
+import sys
+
+from ripples.info import _origin, _wheel_files, format_info
+from ripples.run import find_mpiexec
+
+
+def run_info(*args):
+    return subprocess.run([sys.executable, "-m", "ripples.info", *args], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def library_line():
+    code = "from mpi4py import MPI; print(MPI.Get_library_version().strip().splitlines()[0])"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True).stdout.strip()
+
+
+def report(stdout):
+    return {line.split(":", 1)[0]: line.split(":", 1)[1].strip()
+            for line in stdout.splitlines() if ":" in line}
+
+
+def test_info_prints_versions_and_mpi_library():
+    for args in ((), ("info",)):
+        result = run_info(*args)
+        assert result.returncode == 0, result.stdout + result.stderr
+        lines = report(result.stdout)
+        assert lines["MPI library"] == library_line()
+        assert lines["ripples"] == "0.1.0"
+        assert lines["MPI thread level"] in {"single", "funneled", "serialized", "multiple"}
+        assert lines["mpiexec"].startswith(find_mpiexec())
+        for key in ("torch", "mpi4py", "libmpi", "cupy", "NCCL", "nvcc"):
+            assert lines[key], key
+
+
+def test_unknown_subcommand_is_a_usage_error():
+    result = run_info("bogus")
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_origin_tells_wheel_from_system():
+    files = _wheel_files("pytest")              # any installed distribution with files works
+    some_file = sorted(files)[0]
+    assert _origin(some_file, files).startswith("from the")
+    assert _origin("/bin/sh", files) == "system"
+    assert _wheel_files("no-such-distribution-here") == set()
+
+
+def test_format_info_aligns_values():
+    assert format_info({"a": "1", "long label": "2"}).splitlines() == \
+        ["a:          1", "long label: 2"]
