@@ -1,0 +1,217 @@
+"""The Group Generator as a service: a thread on rank 0 of a private communicator answers
+every rank's requests, and :class:`GeneratorSchedule` is the client each rank holds.
+
+Protocol (pickled messages on the given communicator, which must be used for nothing
+else): a client sends ``(op, rank)`` with tag ``TAG_REQUEST`` to rank 0 and waits for one
+answer ``("ok", payload)`` or ``("error", text)`` with tag ``TAG_REPLY``. ``op`` is
+``"groups"`` (payload: the next ``(seq, group)`` pairs, possibly after the generator waits
+for other workers), ``"leave"`` (payload: the pairs still buffered for the rank) or
+``"close"`` (leave if not done, then stop; payload: pairs still buffered). Every request
+gets exactly one answer, and the service thread stops once every rank has closed, after
+its last answer has been delivered, so no message is left unmatched.
+
+All waits poll (matched probe or request test, then a sleep of ``poll_interval_s``) against
+a deadline, so a missing peer yields :class:`RipplesTimeoutError` instead of a hang.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import List, Optional
+
+from ..errors import RipplesError, RipplesTimeoutError
+from .base import Assignment, Schedule, check_group_size, check_int
+from .generator import GroupGenerator
+
+TAG_REQUEST = 0x5251
+TAG_REPLY = 0x5252
+SERVICE_RANK = 0
+
+
+def _mpi():
+    from mpi4py import MPI
+    return MPI
+
+
+def require_thread_multiple() -> None:
+    """Raise RipplesError unless MPI was initialized with MPI_THREAD_MULTIPLE."""
+    MPI = _mpi()
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        raise RipplesError(
+            "the group generator service needs MPI initialized with MPI_THREAD_MULTIPLE "
+            f"(got thread level {MPI.Query_thread()}); keep mpi4py.rc.thread_level = "
+            "'multiple' (the default) before importing mpi4py.MPI")
+
+
+class GeneratorService:
+    """Runs a :class:`GroupGenerator` in a background thread on rank 0 of ``comm``."""
+
+    def __init__(self, comm, generator: GroupGenerator, poll_interval_s: float = 1e-4):
+        self.comm = comm
+        self.generator = generator
+        self.poll_interval_s = poll_interval_s
+        self.closed: set = set()
+        self.error: Optional[BaseException] = None
+        self.last_activity = time.monotonic()
+        self._stop = threading.Event()
+        self._sends: list = []
+        self._thread = threading.Thread(target=self._run, name="ripples-group-generator",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Ask the thread to exit at its next poll, even if some ranks never closed."""
+        self._stop.set()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for the thread; give up after ``timeout_s`` without service activity."""
+        while self._thread.is_alive():
+            self._thread.join(0.01)
+            if time.monotonic() - self.last_activity > timeout_s:
+                self.stop()
+                self._thread.join(1.0)
+                missing = sorted(set(range(self.comm.Get_size())) - self.closed)
+                raise RipplesTimeoutError(
+                    f"group generator on rank {SERVICE_RANK}: ranks {missing} did not close "
+                    f"within {timeout_s}s of the last request")
+
+    def _run(self) -> None:
+        MPI = _mpi()
+        size = self.comm.Get_size()
+        try:
+            while len(self.closed) < size and not self._stop.is_set():
+                busy = self._receive(MPI)
+                for worker, pairs in self.generator.poll().items():
+                    self._send(worker, ("ok", pairs))
+                    busy = True
+                self._sends = [req for req in self._sends if not req.Test()]
+                if busy:
+                    self.last_activity = time.monotonic()
+                else:
+                    time.sleep(self.poll_interval_s)
+            while self._sends and not self._stop.is_set():
+                self._sends = [req for req in self._sends if not req.Test()]
+                time.sleep(self.poll_interval_s)
+        except BaseException as exc:  # surfaced to the rank-0 client, which raises it
+            self.error = exc
+
+    def _receive(self, MPI) -> bool:
+        msg = self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG_REQUEST)
+        if msg is None:
+            return False
+        op, rank = msg.recv()
+        try:
+            if op == "groups":
+                self.generator.request(rank)  # answered by poll()
+            elif op == "leave":
+                self._send(rank, ("ok", self.generator.leave(rank)))
+            elif op == "close":
+                self.closed.add(rank)
+                self._send(rank, ("ok", self.generator.leave(rank)))
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        except ValueError as exc:
+            self._send(rank, ("error", str(exc)))
+        return True
+
+    def _send(self, rank: int, message) -> None:
+        self._sends.append(self.comm.isend(message, dest=rank, tag=TAG_REPLY))
+
+
+class GeneratorSchedule(Schedule):
+    """Groups handed out by the Group Generator service (the ``"generator"`` schedule).
+
+    Every rank of ``comm`` constructs one (``comm`` is a communicator private to the
+    generator, e.g. ``MPI.COMM_WORLD.Dup()``); rank 0 also starts the service thread. Each
+    request returns up to ``batch`` groups, kept locally and executed one per step, in
+    order. ``close()`` must be called on every rank; on rank 0 it returns once every rank
+    has closed (bounded by ``timeout_s`` without activity) and the thread has exited.
+    Other arguments are those of :class:`GroupGenerator`.
+    """
+
+    def __init__(self, comm, group_size: int, seed: int = 0, policy: str = "ready",
+                 timeout_s: float = 60.0, batch: int = 1, poll_interval_s: float = 1e-4,
+                 **generator_options):
+        require_thread_multiple()
+        rank, size = comm.Get_rank(), comm.Get_size()
+        check_group_size(group_size, size)
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        super().__init__(rank, size)
+        self.comm = comm
+        self.timeout_s = timeout_s
+        self.poll_interval_s = poll_interval_s
+        self._held: collections.deque = collections.deque()
+        self._closed = False
+        self._service: Optional[GeneratorService] = None
+        generator = GroupGenerator(size, group_size, seed=seed, policy=policy, batch=batch,
+                                   **generator_options)  # validates on every rank alike
+        if rank == SERVICE_RANK:
+            self._service = GeneratorService(comm, generator, poll_interval_s)
+            self._service.start()
+
+    def groups_for_step(self, step: int) -> List[Assignment]:
+        self._check_step(step)
+        if not self._held:
+            self._held.extend(self._call("groups"))
+        return [self._held.popleft()]
+
+    def leave(self) -> List[Assignment]:
+        if self._left:
+            return []
+        remaining = list(self._held) + self._call("leave")
+        self._held.clear()
+        self._left = True
+        return remaining
+
+    def close(self) -> None:
+        """Stop using the generator (leaving first if needed) and, on rank 0, wait for the
+        service thread to exit. Raises RipplesError if groups assigned to this rank were
+        never executed (call ``leave()`` and execute them before ``close()``)."""
+        if self._closed:
+            return
+        unexecuted = list(self._held) + self._call("close")
+        self._held.clear()
+        self._closed = self._left = True
+        if self._service is not None:
+            self._service.join(self.timeout_s)
+            self._raise_service_error()
+        if unexecuted:
+            raise RipplesError(f"rank {self.rank} closed the group generator schedule with "
+                               f"unexecuted groups {unexecuted}; call leave() and execute "
+                               "the groups it returns before close()")
+
+    def _call(self, op: str):
+        if self._closed:
+            raise RipplesError(f"rank {self.rank}: the group generator schedule is closed")
+        send = self.comm.isend((op, self.rank), dest=SERVICE_RANK, tag=TAG_REQUEST)
+        deadline = time.monotonic() + self.timeout_s
+        reply = None
+        sent = False
+        while reply is None or not sent:
+            sent = sent or send.Test()
+            if reply is None:
+                msg = self.comm.improbe(source=SERVICE_RANK, tag=TAG_REPLY)
+                if msg is not None:
+                    reply = msg.recv()
+                    continue
+            self._raise_service_error()
+            if time.monotonic() > deadline:
+                raise RipplesTimeoutError(
+                    f"group generator (rank {SERVICE_RANK} of its communicator) did not answer "
+                    f"{op!r} from rank {self.rank} within {self.timeout_s}s")
+            time.sleep(self.poll_interval_s)
+        status, payload = reply
+        if status != "ok":
+            raise RipplesError(f"group generator refused {op!r} from rank {self.rank}: {payload}")
+        return payload
+
+    def _raise_service_error(self) -> None:
+        if self._service is not None and self._service.error is not None:
+            raise RipplesError("group generator service thread failed") from self._service.error
