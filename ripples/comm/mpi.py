@@ -1,0 +1,108 @@
+"""MPI plumbing shared by every collective: torch <-> MPI buffers and bounded waits.
+
+CPU tensors are handed to MPI without copies: a contiguous tensor's memory is exposed
+through numpy's buffer protocol. bfloat16 has no numpy dtype, so it travels as int16 bits
+when nothing is reduced; reductions of float16/bfloat16 run in a float32 buffer.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ripples.errors import RipplesTimeoutError
+from ripples.ops.reduce_ops import ReduceOp
+
+log = logging.getLogger("ripples")
+
+HALF_TYPES = (torch.float16, torch.bfloat16)
+INTEGER_TYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+_MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM, ReduceOp.MIN: MPI.MIN,
+            ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
+# bool travels as uint8 0/1: "sum" is logical or, "product" logical and.
+_BOOL_OPS = {ReduceOp.SUM: MPI.MAX, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN,
+             ReduceOp.PRODUCT: MPI.MIN}
+
+
+def reduction_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the reduction runs in: float32 for 16-bit floats, else the tensor's own."""
+    return torch.float32 if dtype in HALF_TYPES else dtype
+
+
+def mpi_op(op: ReduceOp, dtype: torch.dtype, argument: str = "op"):
+    """The MPI operation implementing ``op`` on tensors of ``dtype``."""
+    if dtype is torch.bool:
+        if op not in _BOOL_OPS:
+            raise ValueError(f"{argument}={op} is not defined for bool tensors; use Sum (or), "
+                             "Product (and), Min or Max")
+        return _BOOL_OPS[op]
+    if op is ReduceOp.AVERAGE and (dtype in INTEGER_TYPES):
+        raise ValueError(f"{argument}=Average is not defined for integer dtype {dtype}; "
+                         "use op=Sum and divide, or a floating dtype")
+    return _MPI_OPS[op]
+
+
+def as_buffer(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous CPU tensor's memory (no copy)."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"tensor on {tensor.device} reached the host MPI path; "
+                         "CUDA tensors need the GPU extra (pip install 'ripples[gpu]')")
+    tensor = tensor.detach()
+    if tensor.dtype is torch.bfloat16:
+        tensor = tensor.view(torch.int16)
+    elif tensor.dtype is torch.bool:
+        tensor = tensor.view(torch.uint8)
+    return tensor.numpy().reshape(-1)
+
+
+class Deadline:
+    """A bounded wait for one operation: warns once after ``stall_s``, raises after ``timeout_s``.
+
+    ``describe()`` is called only on the slow path, to name the operation, the group and
+    whoever is missing.
+    """
+
+    __slots__ = ("start", "timeout_s", "stall_s", "describe", "_warned")
+
+    def __init__(self, timeout_s: float, stall_s: float, describe: Callable[[], str]):
+        self.start = time.monotonic()
+        self.timeout_s = timeout_s
+        self.stall_s = stall_s
+        self.describe = describe
+        self._warned = False
+
+    def check(self) -> None:
+        elapsed = time.monotonic() - self.start
+        if elapsed > self.timeout_s:
+            raise RipplesTimeoutError(f"{self.describe()}: gave up after {self.timeout_s:g} s "
+                                      "(Config.timeout_s / RIPPLES_TIMEOUT_S)")
+        if not self._warned and elapsed > self.stall_s:
+            self._warned = True
+            log.warning("%s: still waiting after %.0f s", self.describe(), elapsed)
+
+
+def wait_all(requests: Sequence[MPI.Request], deadline: Deadline,
+             on_wait: Callable[[], None] | None = None) -> None:
+    """Poll ``requests`` until all complete or the deadline passes.
+
+    Spins briefly (a shared-memory round trip takes microseconds), then backs off to short
+    sleeps so that oversubscribed ranks leave the core to the peers they wait for.
+    """
+    if MPI.Request.Testall(requests):
+        return
+    spins = 0
+    pause = 0.0
+    while not MPI.Request.Testall(requests):
+        spins += 1
+        if spins < 200:
+            continue
+        deadline.check()
+        if on_wait is not None:
+            on_wait()
+        pause = min(1e-3, pause * 2 or 2e-5)
+        time.sleep(pause)

@@ -1,0 +1,69 @@
+"""Partial All-Reduce (P-Reduce): an all-reduce among the members of a group only.
+
+``partial_allreduce(x, group)`` with op Average leaves every member holding the mean of the
+members' tensors, the block-averaging step of decentralized training; ranks outside the
+group are not involved at all. A group of one is a local copy.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from ripples import runtime as _runtime
+from ripples.comm.groups import normalize_group
+from ripples.ops.collectives import _check_tensor, _queue_allreduce
+from ripples.ops.handles import Handle
+from ripples.ops.reduce_ops import ReduceOp, check_op
+from ripples.ops.reduction import reduce_pairs, split_by_dtype
+
+WHAT = "partial_allreduce"
+
+
+def _prepare(group: Iterable[int], op):
+    rt = _runtime.current()
+    return rt, normalize_group(group, rt.rank, rt.size), check_op(op)
+
+
+def grouped_partial_allreduce_(tensors: Sequence[torch.Tensor], group: Iterable[int],
+                               op=ReduceOp.AVERAGE, name=None) -> Sequence[torch.Tensor]:
+    """P-Reduce ``tensors`` in place over ``group``: one fused collective per dtype.
+
+    Every member of ``group`` (an iterable of world ranks containing the caller) must call
+    it with the same group, shapes, dtypes and op. Raises ValueError on the calling rank if
+    it is not a member or the group has duplicate or out-of-range ranks.
+    """
+    tensors = [_check_tensor(t, "tensors[i]") for t in tensors]
+    rt, members, op = _prepare(group, op)
+    rt.queue.flush()
+    for pairs in split_by_dtype([(t, t) for t in tensors]):
+        reduce_pairs(rt, members, pairs, op, what=WHAT)
+    return tensors
+
+
+def partial_allreduce_(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.AVERAGE,
+                       name=None) -> torch.Tensor:
+    """P-Reduce ``tensor`` in place over ``group`` and return it (see the module doc)."""
+    grouped_partial_allreduce_([tensor], group, op, name)
+    return tensor
+
+
+def partial_allreduce(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.AVERAGE,
+                      name=None) -> torch.Tensor:
+    """Return a new tensor: the P-Reduce of ``tensor`` over ``group``."""
+    output = _check_tensor(tensor).detach().clone(memory_format=torch.contiguous_format)
+    return partial_allreduce_(output, group, op, name)
+
+
+def partial_allreduce_async_(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.AVERAGE,
+                             name=None) -> Handle:
+    """Queue an in-place P-Reduce; queued P-Reduces on one group are fused."""
+    _check_tensor(tensor)
+    rt, members, op = _prepare(group, op)
+    return _queue_allreduce([(tensor, tensor)], op, 1.0, 1.0, members, WHAT, tensor)
+
+
+def partial_allreduce_async(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.AVERAGE,
+                            name=None) -> Handle:
+    output = _check_tensor(tensor).detach().clone(memory_format=torch.contiguous_format)
+    return partial_allreduce_async_(output, group, op, name)

@@ -1,0 +1,113 @@
+"""Horovod's PyTorch API on ripples: ``import ripples.torch as hvd``.
+
+Everything Horovod's ``horovod.torch`` offers for host tensors is here under the same names,
+plus Partial All-Reduce (``partial_allreduce``) and decentralized training through
+``DistributedOptimizer(..., sync="ripples")``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from mpi4py import MPI
+
+from ripples import runtime as _runtime
+from ripples.config import Config
+from ripples.errors import MismatchError, NotInitializedError, RipplesError, RipplesTimeoutError
+from ripples.ops.collectives import (allgather, allgather_object, allreduce, allreduce_,
+                                     allreduce_async, allreduce_async_, alltoall, barrier,
+                                     broadcast, broadcast_, broadcast_object, grouped_allreduce,
+                                     grouped_allreduce_, grouped_allreduce_async,
+                                     grouped_allreduce_async_, poll, reducescatter, synchronize)
+from ripples.ops.handles import Handle
+from ripples.ops.join import join
+from ripples.ops.partial import (grouped_partial_allreduce_, partial_allreduce,
+                                 partial_allreduce_, partial_allreduce_async,
+                                 partial_allreduce_async_)
+from ripples.ops.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                      remove_process_set)
+from ripples.ops.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ripples.torch.compression import Compression
+
+
+def init(comm: Optional[MPI.Comm] = None, process_sets=None, **settings) -> None:
+    """Initialize ripples on this rank (collective over ``comm``, default the MPI world).
+
+    ``comm`` may be any mpi4py communicator (e.g. to share a job with Horovod); ripples works
+    on private duplicates of it. ``settings`` override ``Config`` fields (and ``RIPPLES_*``).
+    """
+    _runtime.init(comm, **settings)
+
+
+def shutdown() -> None:
+    """Finish queued collectives and release ripples' communicators."""
+    _runtime.shutdown()
+
+
+def is_initialized() -> bool:
+    return _runtime.is_initialized()
+
+
+def size() -> int:
+    return _runtime.current().size
+
+
+def rank() -> int:
+    return _runtime.current().rank
+
+
+def local_size() -> int:
+    return _runtime.current().local_size
+
+
+def local_rank() -> int:
+    return _runtime.current().local_rank
+
+
+def cross_size() -> int:
+    return _runtime.current().cross_size
+
+
+def cross_rank() -> int:
+    return _runtime.current().cross_rank
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI runs with MPI_THREAD_MULTIPLE."""
+    _runtime.current()
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    return True
+
+
+def mpi_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    """True when the NCCL backend is usable here (cupy with NCCL importable)."""
+    from ripples.comm import nccl
+    return nccl.nccl_available()
+
+
+def cuda_built() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def mpi_library() -> str:
+    """Which MPI library is in use (first line of its version string)."""
+    return _runtime.mpi_library()
