@@ -55,6 +55,7 @@ def make_schedule(kind: str, rank: int, size: int, local_size: int = 1, group_si
     if (comm.Get_rank(), comm.Get_size()) != (rank, size):
         raise ValueError(f"comm has rank {comm.Get_rank()} of {comm.Get_size()} but rank={rank}, "
                          f"size={size} were given; pass a duplicate of the world communicator")
+    from .service import GeneratorSchedule
     return GeneratorSchedule(comm, group_size, seed=seed, policy=policy, timeout_s=timeout_s,
                              batch=batch)
 

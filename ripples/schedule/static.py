@@ -66,16 +66,20 @@ def random_partition(seed: int, step: int, size: int, group_size: int) -> List[G
     return sorted(tuple(sorted(order[i:i + group_size])) for i in range(0, size, group_size))
 
 
-def group_of(rank: int, partition: List[Group]) -> Group:
-    """The group of ``partition`` that contains ``rank``."""
-    for group in partition:
+def assignment_of(rank: int, step: int, partition: List[Group]) -> Assignment:
+    """The ``(seq, group)`` of ``rank`` in the sorted ``partition`` of step ``step``.
+
+    ``seq = step * size + index of the group``, unique per group and increasing with the
+    step (a partition of ``size`` ranks has at most ``size`` groups)."""
+    size = sum(len(group) for group in partition)
+    for index, group in enumerate(partition):
         if rank in group:
-            return group
+            return step * size + index, group
     raise ValueError(f"rank {rank} is in no group of the partition {partition}")
 
 
 class StaticSchedule(Schedule):
-    """One group per step from :func:`static_partition`; ``seq`` is the step number."""
+    """One group per step from :func:`static_partition` (``seq`` from :func:`assignment_of`)."""
 
     def __init__(self, rank: int, size: int, local_size: int):
         check_world(rank, size)
@@ -85,11 +89,12 @@ class StaticSchedule(Schedule):
 
     def groups_for_step(self, step: int) -> List[Assignment]:
         self._check_step(step)
-        return [(step, group_of(self.rank, static_partition(step, self.size, self.local_size)))]
+        return [assignment_of(self.rank, step,
+                              static_partition(step, self.size, self.local_size))]
 
 
 class RandomSchedule(Schedule):
-    """One group per step from :func:`random_partition`; ``seq`` is the step number."""
+    """One group per step from :func:`random_partition` (``seq`` from :func:`assignment_of`)."""
 
     def __init__(self, rank: int, size: int, group_size: int, seed: int):
         check_world(rank, size)
@@ -102,4 +107,4 @@ class RandomSchedule(Schedule):
     def groups_for_step(self, step: int) -> List[Assignment]:
         self._check_step(step)
         partition = random_partition(self.seed, step, self.size, self.group_size)
-        return [(step, group_of(self.rank, partition))]
+        return [assignment_of(self.rank, step, partition)]

@@ -1,0 +1,68 @@
+"""Run under mpiexec: every rank agrees on static/random schedules, and the Group
+Generator service hands out consistent groups over real MPI and shuts down cleanly."""
+import random
+import threading
+import time
+
+import pytest
+from mpi4py import MPI
+
+from ripples.schedule import make_schedule
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+
+
+@pytest.mark.parametrize("kind", ["static", "random", "adpsgd"])
+def test_all_ranks_agree_on_communication_free_schedules(kind):
+    sched = make_schedule(kind, rank=RANK, size=SIZE, local_size=2, group_size=2, seed=5)
+    mine = {step: sched.groups_for_step(step) for step in range(100)}
+    sched.close()
+    views = WORLD.allgather(mine)
+    for step in range(100):
+        by_seq = {}
+        for rank, view in enumerate(views):
+            for seq, group in view[step]:
+                assert rank in group
+                by_seq.setdefault(seq, set()).add((group, rank))
+        for seq, entries in by_seq.items():
+            groups = {g for g, _ in entries}
+            assert len(groups) == 1, (step, seq, groups)  # one group per seq on every member
+            (group,) = groups
+            assert {r for _, r in entries} == set(group)  # every member, and only members
+        if kind != "adpsgd":
+            covered = sorted(r for g in {g for v in views for _, g in v[step]} for r in g)
+            assert covered == list(range(SIZE))  # disjoint and covering: a partition
+
+
+@pytest.mark.parametrize("policy", ["ready", "all"])
+def test_generator_service_hands_out_consistent_groups(policy):
+    comm = WORLD.Dup()
+    steps = 20 + 5 * RANK  # ranks stop at different times: exercises leave()
+    rng = random.Random(RANK)
+    sched = make_schedule("generator", rank=RANK, size=SIZE, group_size=2, seed=3, comm=comm,
+                          timeout_s=20.0, policy=policy, batch=2)
+    executed = []
+    for step in range(steps):
+        time.sleep(rng.uniform(0, 0.004))
+        executed.extend(sched.groups_for_step(step))
+    executed.extend(sched.leave())
+    with pytest.raises(ValueError, match="has left"):
+        sched.groups_for_step(steps)
+    sched.close()
+    sched.close()  # idempotent
+    assert not any(t.name == "ripples-group-generator" for t in threading.enumerate())
+    comm.Free()
+
+    seqs = [seq for seq, _ in executed]
+    assert seqs == sorted(set(seqs))  # strictly increasing per rank
+    assert all(RANK in group for _, group in executed)
+    views = WORLD.allgather(executed)
+    by_seq = {}
+    for rank, view in enumerate(views):
+        for seq, group in view:
+            by_seq.setdefault(seq, []).append((group, rank))
+    for seq, entries in by_seq.items():
+        (group,) = {g for g, _ in entries}
+        # every member executed the group exactly once, nobody else did
+        assert sorted(r for _, r in entries) == list(group), (seq, entries)
