@@ -12,7 +12,7 @@ import platform
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Set
+from typing import Callable, Dict, Optional, Sequence, Set
 
 import ripples
 from ripples.run import find_mpiexec
