@@ -1,0 +1,184 @@
+"""Group Generator invariants, deadlock freedom and heterogeneity, in emulated time."""
+import random
+
+import pytest
+
+from ripples.schedule import GroupGenerator
+from ripples.schedule.generator import divide
+from ripples.schedule.mixing import (expected_random_division_eigenvalue,
+                                     random_division_eigenvalue)
+from ripples.schedule.simulate import DeadlockError, SimClock, simulate
+
+
+def assert_consistent(executed):
+    """Per worker strictly increasing seq; every group executed by exactly its members;
+    so any two workers meet their shared groups in the same order."""
+    members = {}
+    for worker, pairs in executed.items():
+        seqs = [seq for seq, _ in pairs]
+        assert seqs == sorted(set(seqs)), worker
+        for seq, group in pairs:
+            assert worker in group
+            members.setdefault((seq, group), []).append(worker)
+    assert len({seq for seq, _ in members}) == len(members)  # one group per seq
+    for (seq, group), who in members.items():
+        assert sorted(who) == list(group), (seq, group, who)
+
+
+def test_divide_never_leaves_a_trailing_worker_alone():
+    assert divide([5, 1, 3, 0, 2], 2) == [(1, 5), (0, 2, 3)]
+    assert divide([4], 2) == [(4,)]
+    assert divide([3, 1, 2], 3) == [(1, 2, 3)]
+
+
+def test_all_policy_fills_every_buffer_and_requests_pop_the_head():
+    now = [0.0]
+    gen = GroupGenerator(6, 3, seed=1, policy="all", clock=lambda: now[0])
+    gen.request(4)
+    answer = gen.poll()
+    assert list(answer) == [4]
+    ((seq, group),) = answer[4]
+    assert seq in (0, 1) and 4 in group and len(group) == 3
+    gen.request(0)  # 0 already holds a group of that division: popped, no new division
+    ((seq0, group0),) = gen.poll()[0]
+    assert seq0 in (0, 1) and 0 in group0 and gen.divisions == 1
+    # one division = a partition of everyone into two numbered groups
+    assert (group0 == group) == (seq0 == seq)
+    assert group0 == group or sorted(group0 + group) == list(range(6))
+    assert gen.leave(0) == [] and 0 not in gen.active
+    remaining = gen.leave(5)
+    assert len(remaining) == 1 and 5 in remaining[0][1]  # its buffered group comes back
+
+
+def test_ready_policy_waits_for_expected_workers_then_divides_the_ready_ones():
+    now = [0.0]
+    gen = GroupGenerator(4, 2, seed=0, policy="ready", first_wait_s=0.5, clock=lambda: now[0])
+    gen.request(0)
+    assert gen.poll() == {}  # others' speeds unknown: wait for them
+    assert gen.next_deadline() == 0.5
+    now[0] = 0.1
+    gen.request(2)
+    assert gen.poll() == {}
+    now[0] = 0.5  # window of worker 0 expired: divide the two ready workers only
+    answers = gen.poll()
+    assert answers == {0: [(0, (0, 2))], 2: [(0, (0, 2))]}
+
+
+def test_ready_policy_slow_worker_waits_for_fast_ones_but_not_the_reverse():
+    now = [0.0]
+    gen = GroupGenerator(3, 2, seed=0, policy="ready", window_fraction=0.5,
+                         clock=lambda: now[0])
+
+    def at(t, *workers):
+        now[0] = t
+        for w in workers:
+            gen.request(w)
+        return gen.poll()
+
+    assert set(at(0.0, 0, 1, 2)) == {0, 1, 2}  # everyone ready: one division
+    assert at(1.0, 0, 1) == {}  # speed of worker 2 unknown yet: it may come soon
+    assert set(at(1.5)) == {0, 1}  # window of the fast workers (0.5 * 1 s) expired
+    # worker 2 (interval 2 s) is ready; fast workers are expected at t=2: it waits
+    assert at(2.0, 2) == {}
+    answers = at(2.0, 0, 1)
+    assert answers[2] == [(2, (0, 1, 2))]  # the trailing worker joins the last group
+    # fast workers ready at t=3; worker 2 is expected only at t=4, after their window
+    assert at(3.0, 0, 1) == {0: [(3, (0, 1))], 1: [(3, (0, 1))]}
+
+
+def test_isolated_worker_is_forced_into_the_next_division():
+    now = [0.0]
+    gen = GroupGenerator(2, 2, seed=0, policy="ready", max_isolation=1, first_wait_s=0.0,
+                         clock=lambda: now[0])
+    gen.request(0)
+    assert gen.poll() == {0: [(0, (0,))]}  # nobody else ready by its deadline: alone once
+    gen.request(0)
+    now[0] = 5.0
+    assert gen.poll() == {} and gen.next_deadline() is None  # must wait for company now
+    gen.request(1)
+    assert gen.poll() == {0: [(1, (0, 1))], 1: [(1, (0, 1))]}
+
+
+def test_left_worker_is_never_assigned_again():
+    now = [0.0]
+    gen = GroupGenerator(4, 2, seed=0, policy="all", batch=3, clock=lambda: now[0])
+    gen.request(1)
+    gen.poll()
+    remaining = gen.leave(2)
+    assert len(remaining) == 3 and all(2 in g for _, g in remaining)
+    for _ in range(20):
+        for w in (0, 1, 3):
+            gen.request(w)
+            for pairs in gen.poll().values():
+                assert all(2 not in g for s, g in pairs if s >= 6)  # 6 groups before the leave
+    with pytest.raises(ValueError, match="has left"):
+        gen.request(2)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(policy="fastest"), "policy must be one of 'ready', 'all'"),
+    (dict(group_size=0), r"group_size must be >= 1 and <= size \(8\), got 0"),
+    (dict(batch=0), "batch must be >= 1"),
+    (dict(ema_alpha=0), "ema_alpha must be in"),
+    (dict(window_fraction=-1), "window_fraction must be a number >= 0"),
+])
+def test_generator_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GroupGenerator(**(dict(size=8, group_size=2) | kwargs))
+
+
+def run(size, group_size, policy, step_time, stop, seed=0, comm_time=0.001, **options):
+    clock = SimClock()
+    gen = GroupGenerator(size, group_size, seed=seed, policy=policy, clock=clock, **options)
+    return simulate(gen, clock, step_time, stop, comm_time=comm_time)
+
+
+@pytest.mark.parametrize("size", [4, 8])
+@pytest.mark.parametrize("policy,batch", [("ready", 1), ("all", 1), ("all", 3), ("ready", 2)])
+def test_ten_thousand_groups_with_random_delays_never_deadlock(size, policy, batch):
+    rng = random.Random(size * 10 + batch)
+    per_group = 2 if size == 8 else 1  # steps per group on average, groups of 2
+    steps = {w: rng.randint(5000, 6000) // per_group for w in range(size)}  # leave at different times
+    result = run(size, 2, policy, lambda w, s: rng.expovariate(1.0) * (1 + w % 3),
+                 lambda w, done, now: done >= steps[w], batch=batch, seed=size)
+    assert result.steps == steps
+    assert result.groups >= 10_000
+    assert_consistent(result.executed)
+
+
+def test_simulator_detects_a_waiting_cycle():
+    class Crossed(GroupGenerator):  # hands out two shared groups in opposite orders
+        def poll(self):
+            answers = super().poll()
+            if 1 in answers:
+                answers[1] = list(reversed(answers[1]))
+            return answers
+    clock = SimClock()
+    gen = Crossed(2, 2, policy="all", batch=2, clock=clock)
+    with pytest.raises(DeadlockError, match="no event can happen"):
+        simulate(gen, clock, lambda w, s: 1.0, lambda w, done, now: done >= 3)
+
+
+def test_ready_policy_keeps_fast_workers_free_of_a_slow_one():
+    # 8 workers, worker 7 five times slower: ceiling sum(v) = 7.2 steps/s, n*min(v) = 1.6
+    speeds = [1.0] * 7 + [0.2]
+    ceiling = sum(speeds)
+    results = {}
+    for policy in ("ready", "all"):
+        rng = random.Random(1)
+        results[policy] = run(8, 2, policy, lambda w, s: rng.uniform(0.95, 1.05) / speeds[w],
+                              lambda w, done, now: now >= 200.0, comm_time=0.01)
+        assert_consistent(results[policy].executed)
+    assert results["ready"].throughput >= 0.85 * ceiling
+    assert results["all"].throughput <= 0.3 * ceiling
+    # the slow worker still averages with others, never drifting alone for long
+    slow = results["ready"].executed[7]
+    assert all(len(g) >= 2 for _, g in slow)
+
+
+@pytest.mark.parametrize("group_size", [2, 4])
+def test_random_division_mixing_matches_closed_form(group_size):
+    expected = expected_random_division_eigenvalue(16, group_size)
+    assert expected == pytest.approx({2: 0.467, 4: 0.200}[group_size], abs=1e-3)
+    assert random_division_eigenvalue(16, group_size, samples=5000, seed=1) == \
+        pytest.approx(expected, abs=0.025)
