@@ -29,6 +29,9 @@ def scaled_copy(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
     elif _widens(src.dtype, dst.dtype):
         dst.copy_(src)
         dst.mul_(scale)
+    elif src.dtype != dst.dtype and src.element_size() == 2 and dst.element_size() == 2:
+        # fp16 <-> bf16: torch would round to the source format first; go through fp32.
+        dst.copy_(src.float().mul_(scale))
     else:
         # TensorIterator computes in the (wider or equal) source's opmath type and casts
         # the result into dst once.
