@@ -1,0 +1,307 @@
+"""The worker's side of parameter-server training: ``PSOptimizer``."""
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from ..errors import MismatchError, RipplesError
+from . import placement as placement_mod
+from . import policies
+from .context import PSContext
+from .transport import from_wire, to_wire, wire_nbytes
+
+
+class PSOptimizer:
+    """Train through parameter servers: ``loss.backward(); opt.step()``.
+
+    Wraps ``optimizer`` (its ``param_groups``, ``state_dict``, ``load_state_dict`` and
+    ``zero_grad`` pass through); the servers run a copy of it (``type(optimizer)`` with
+    each group's hyperparameters) on their chunks, so with ``policy="bsp"`` training is
+    exactly synchronous SGD on gradients averaged over workers.
+
+    Construction is collective over the workers: worker 0 sends the initial parameters,
+    every worker then pulls them. Workers whose models differ (names, shapes, dtypes) or
+    whose arguments differ all raise ``MismatchError``.
+
+    Arguments:
+        policy: one of ``policies.POLICIES`` (see ``ripples.ps.policies``).
+        staleness: SSP's bound ``s >= 0``; required for ``"ssp"``, None otherwise.
+        placement: a name in ``placement.PLACEMENTS`` or a callable (see ``placement.plan``).
+        chunk_bytes: largest chunk; bigger tensors are split.
+        eager_scale, max_lag, coupled: the eager policy's factor (``"inverse"`` 1/tau,
+            ``"sqrt"``, ``"constant"``), lag bound beyond which a step blocks for fresh
+            parameters, and switch back to push-then-pull.
+        timeout_s: servers report workers that hold a round back after this long; a worker
+            gives up on a silent server after twice this long (RipplesTimeoutError).
+        backup_workers: Sync-opt's ``b``; a round applies the first ``W - b`` pushes.
+        link_delay_s: emulated one-way latency added by the servers to every message
+            (benchmarks only).
+    """
+
+    def __init__(self, optimizer, named_parameters, context: PSContext, policy="bsp",
+                 staleness=None, placement="roundrobin", chunk_bytes=4 << 20,
+                 eager_scale="inverse", max_lag=None, coupled=False, timeout_s=60,
+                 backup_workers=1, link_delay_s=0.0):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
+        if not isinstance(context, PSContext) or context.worker < 0:
+            raise TypeError("context must be the worker PSContext returned by ripples.ps.start")
+        if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if not isinstance(link_delay_s, (int, float)) or link_delay_s < 0:
+            raise ValueError(f"link_delay_s must be a number >= 0, got {link_delay_s!r}")
+        self.optimizer = optimizer
+        self.context = context
+        self.channel = context.channel
+        self.worker = context.worker
+        self.timeout_s = float(timeout_s)
+        self.link_delay_s = float(link_delay_s)
+        self.spec = policies.make_spec(policy, context.num_workers, staleness, backup_workers,
+                                       eager_scale, max_lag, coupled)
+        self.names, self.params, groups = _collect(optimizer, named_parameters)
+        infos = [placement_mod.ParamInfo(n, p.numel(), p.element_size())
+                 for n, p in zip(self.names, self.params)]
+        self.map = placement_mod.plan(infos, context.num_servers, placement, chunk_bytes)
+        self._check_same_everywhere(policy, staleness, backup_workers, eager_scale, max_lag,
+                                    coupled, chunk_bytes, placement)
+        self.sid = context.new_session_id()
+        self.servers = list(range(context.num_servers))
+        self.server_chunks = {s: self.map.chunks_of(s) for s in self.servers}
+        self.versions: Dict[int, int] = {c.cid: 0 for c in self.map.chunks}
+        self.newest: Dict[int, int] = {s: 0 for s in self.servers}
+        self.applied_mine: Dict[int, int] = {s: 0 for s in self.servers}
+        self.clock = 0
+        self.pushes = 0
+        self.joined = False
+        self.pending_pull: Optional[Dict[int, int]] = None
+        self.server_stats: Optional[List[dict]] = None
+        self.stats = {"steps": 0, "bytes_pushed_per_server": [0] * len(self.servers),
+                      "bytes_pulled_per_server": [0] * len(self.servers), "time_blocked_s": 0.0,
+                      "expected_tau_hist": {}, "gate_log": [], "blocked_by_max_lag": 0}
+        if self.worker == 0:
+            self._send_init(optimizer, groups)
+        self._install_all(self._wait_all(self._request_pull(), "initial pull"))
+
+    # -- pass-through ----------------------------------------------------------------------
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        return self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True):
+        return self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    # -- training ------------------------------------------------------------------------
+    def step(self, closure=None):
+        """Push this worker's gradients and pull parameters as the policy says."""
+        if self.joined:
+            raise RipplesError("step() after join(): this worker has left parameter-server training")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self.spec.decoupled:
+            self._eager_step()
+        else:
+            self._push(1.0)
+            answers = self._wait_all(self._request_pull(), f"pull after step {self.clock}")
+            self._install_all(answers)
+        self.stats["steps"] += 1
+        return loss
+
+    def _eager_step(self):
+        # Answers that arrived during the forward/backward tell the newest version; they
+        # are installed only after the push, which must name the versions computed on.
+        arrived = {}
+        for server, rid in (self.pending_pull or {}).items():
+            answer = self.channel.poll(server, rid)
+            if answer is not None:
+                arrived[server] = answer
+                self._note_versions(server, answer)
+        tau = self._expected_tau()
+        lagging = self.spec.max_lag is not None and tau - 1 > self.spec.max_lag
+        self._push(policies.eager_factor(tau, self.spec.eager_scale))
+        if self.pending_pull:
+            rest = {s: rid for s, rid in self.pending_pull.items() if s not in arrived}
+            arrived.update(self._wait_all(rest, "eager pull"))
+            self._install_all(arrived)
+        self.pending_pull = self._request_pull()
+        if lagging:
+            self.stats["blocked_by_max_lag"] += 1
+            self._install_all(self._wait_all(self.pending_pull, "eager pull (max_lag)"))
+            self.pending_pull = None
+
+    def _expected_tau(self) -> int:
+        worst = 1
+        for server in self.servers:
+            chunks = self.server_chunks[server]
+            computed_on = min((self.versions[c.cid] for c in chunks), default=0)
+            in_flight = self.pushes - self.applied_mine[server]
+            worst = max(worst, policies.expected_tau(self.newest[server], computed_on, in_flight))
+        hist = self.stats["expected_tau_hist"]
+        hist[worst] = hist.get(worst, 0) + 1
+        return worst
+
+    def join(self):
+        """Leave training: wait until every worker has joined, then hold the servers' final
+        parameters. Returns the number of steps this worker made."""
+        if self.joined:
+            return self.stats["steps"]
+        if self.pending_pull:
+            self._install_all(self._wait_all(self.pending_pull, "eager pull before join"))
+            self.pending_pull = None
+        rids = {s: self.channel.send(s, {"kind": "join", "sid": self.sid, "w": self.worker})
+                for s in self.servers}
+        answers = self._wait_all(rids, "join")
+        self._install_all(answers)
+        self.server_stats = [answers[s]["stats"] for s in self.servers]
+        self.joined = True
+        return self.stats["steps"]
+
+    def metrics(self) -> dict:
+        """This worker's traffic and waiting, and every server's load and staleness.
+
+        Keys: policy, steps, bytes_pushed, bytes_pulled, bytes_*_per_server, time_blocked_s,
+        expected_tau_hist (eager), gate_log ((own pushes, slowest active worker's pushes)
+        when each pull was answered), staleness_hist (realized, all servers), dropped,
+        server_load (per server: bytes_in, bytes_out, busy_s, updates, dropped, ...).
+        Before ``join()`` this asks the servers (a round trip).
+        """
+        servers = self.server_stats
+        if servers is None:
+            rids = {s: self.channel.send(s, {"kind": "stats", "sid": self.sid, "w": self.worker})
+                    for s in self.servers}
+            answers = self._wait_all(rids, "metrics", count_blocked=False)
+            servers = [answers[s]["stats"] for s in self.servers]
+        hist: Dict[int, int] = {}
+        for stats in servers:
+            for delay, count in stats["staleness_hist"].items():
+                hist[delay] = hist.get(delay, 0) + count
+        out = dict(self.stats, policy=self.spec.name, staleness_hist=dict(sorted(hist.items())),
+                   server_load=servers, dropped=sum(s["dropped"] for s in servers))
+        out["bytes_pushed"] = sum(self.stats["bytes_pushed_per_server"])
+        out["bytes_pulled"] = sum(self.stats["bytes_pulled_per_server"])
+        return out
+
+    # -- messages ------------------------------------------------------------------------
+    def _push(self, factor: float) -> None:
+        for server in self.servers:
+            grads, seen = {}, {}
+            for c in self.server_chunks[server]:
+                grads[c.cid] = _grad_slice(self.params[c.param], c)
+                seen[c.cid] = self.versions[c.cid]
+            self.stats["bytes_pushed_per_server"][server] += wire_nbytes(grads.values())
+            self.channel.send(server, {"kind": "push", "sid": self.sid, "w": self.worker,
+                                       "clock": self.clock, "grads": grads, "computed_on": seen,
+                                       "factor": factor})
+        self.pushes += 1
+        self.clock += 1
+
+    def _request_pull(self) -> Dict[int, int]:
+        return {s: self.channel.send(s, {"kind": "pull", "sid": self.sid, "w": self.worker,
+                                         "after": self.clock}) for s in self.servers}
+
+    def _wait_all(self, rids: Dict[int, int], what: str, count_blocked=True) -> Dict[int, dict]:
+        began = time.monotonic()
+        answers = {s: self.channel.wait(s, rid, 2 * self.timeout_s, f"worker {self.worker} {what}")
+                   for s, rid in rids.items()}
+        if count_blocked:
+            self.stats["time_blocked_s"] += time.monotonic() - began
+        return answers
+
+    def _install_all(self, answers: Dict[int, dict]) -> None:
+        for server, answer in answers.items():
+            self._install(server, answer)
+        first = answers[self.servers[0]]
+        if "min_pushes" in first:
+            self.stats["gate_log"].append((first["pushes"], first["min_pushes"]))
+        if self.spec.name == "syncopt":
+            self.clock = max(self.clock, min(a["rounds"] for a in answers.values()))
+
+    def _install(self, server: int, answer: dict) -> None:
+        arrays = answer["params"]
+        self.stats["bytes_pulled_per_server"][server] += wire_nbytes(arrays.values())
+        with torch.no_grad():
+            for c in self.server_chunks[server]:
+                flat = self.params[c.param].data.view(-1)
+                flat[c.start:c.stop].copy_(from_wire(arrays[c.cid]))
+                self.versions[c.cid] = answer["versions"][c.cid]
+        self._note_versions(server, answer)
+
+    def _note_versions(self, server: int, answer: dict) -> None:
+        self.newest[server] = max([self.newest[server], *answer["versions"].values()])
+        self.applied_mine[server] = max(self.applied_mine[server], answer["applied_mine"])
+
+    def _send_init(self, optimizer, groups: List[int]) -> None:
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        for server in self.servers:
+            chunks = [(c.cid, groups[c.param], to_wire(self.params[c.param].data.view(-1)
+                                                       [c.start:c.stop]).copy())
+                      for c in self.server_chunks[server]]
+            self.channel.send(server, {
+                "kind": "init", "sid": self.sid, "w": self.worker, "chunks": chunks,
+                "opt_class": type(optimizer), "defaults": dict(optimizer.defaults),
+                "groups": hyper, "spec": self.spec, "link_delay_s": self.link_delay_s,
+                "timeout_s": self.timeout_s})
+
+    def _check_same_everywhere(self, *arguments) -> None:
+        mine = {"params": [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self.names, self.params)],
+                "arguments": repr(arguments)}
+        everyone = self.context.worker_comm.allgather(mine)
+        reference = everyone[0]
+        for worker, theirs in enumerate(everyone):
+            if theirs == reference:
+                continue
+            if theirs["arguments"] != reference["arguments"]:
+                raise MismatchError(f"PSOptimizer arguments differ: worker 0 {reference['arguments']}"
+                                    f", worker {worker} {theirs['arguments']}")
+            raise MismatchError(f"models differ between workers: {_first_difference(reference['params'], theirs['params'], worker)}")
+
+
+def _collect(optimizer, named_parameters):
+    """Names, tensors and optimizer group index of every parameter, in a fixed order."""
+    group_of = {}
+    for index, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            group_of[id(p)] = index
+    names, params, groups, seen = [], [], [], set()
+    for item in named_parameters:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)):
+            raise TypeError("named_parameters must yield (name, tensor) pairs, as "
+                            "model.named_parameters() does")
+        name, p = item
+        if id(p) in seen:
+            continue
+        if id(p) not in group_of:
+            raise ValueError(f"named_parameters: {name!r} is not among the optimizer's parameters")
+        seen.add(id(p))
+        names.append(name)
+        params.append(p)
+        groups.append(group_of[id(p)])
+    if len(seen) != len(group_of):
+        raise ValueError(f"named_parameters names {len(seen)} tensors but the optimizer holds "
+                         f"{len(group_of)}; pass model.named_parameters() of the optimized model")
+    return names, params, groups
+
+
+def _grad_slice(param: torch.Tensor, chunk) -> object:
+    if param.grad is None:
+        return to_wire(torch.zeros(chunk.stop - chunk.start, dtype=param.dtype))
+    return to_wire(param.grad.detach().reshape(-1)[chunk.start:chunk.stop])
+
+
+def _first_difference(reference, theirs, worker) -> str:
+    for a, b in zip(reference, theirs):
+        if a != b:
+            return (f"worker 0 has {a[0]!r} shape {a[1]} {a[2]}, worker {worker} has "
+                    f"{b[0]!r} shape {b[1]} {b[2]}")
+    return (f"worker 0 has {len(reference)} parameter tensors, worker {worker} has "
+            f"{len(theirs)}")

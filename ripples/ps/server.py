@@ -1,0 +1,304 @@
+"""The parameter-server loop: holds chunks, applies pushes by policy, answers pulls.
+
+One ``Session`` per PSOptimizer (worker 0 sends ``init`` with the chunks it owns here and
+the optimizer to run on them). Messages of a session whose ``init`` has not arrived yet are
+kept and replayed. Every chunk carries a version (updates applied to it); every push says
+which versions its gradient was computed on, so staleness is measured on arrival.
+
+Waiting rules: a pull held back by the policy (BSP, Sync-opt, SSP) is answered with an
+error naming the workers it waits for once it has waited ``timeout_s``; a join waits for
+the other workers while they are alive (heartbeats to the joined worker keep its deadline
+from expiring) and treats a worker silent for ``timeout_s`` as dead (logged).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import sys
+import time
+from typing import Dict, List
+
+import torch
+from mpi4py import MPI
+
+from . import policies
+from .transport import REPLY, REQUEST, Backoff, Outbox, from_wire, to_wire, wire_nbytes
+
+
+def serve(comm, num_servers: int, timeout_s: float) -> None:
+    """Run this rank's server until every worker has said goodbye."""
+    Server(comm, num_servers, timeout_s).run()
+
+
+class Server:
+    def __init__(self, comm, num_servers: int, timeout_s: float):
+        self.comm = comm
+        self.index = comm.Get_rank()
+        self.num_servers = num_servers
+        self.num_workers = comm.Get_size() - num_servers
+        self.timeout_s = timeout_s
+        self.outbox = Outbox(comm)
+        self.sessions: Dict[int, Session] = {}
+        self.early: Dict[int, List[dict]] = {}
+        self.byes = set()
+        self.last_seen = {w: time.monotonic() for w in range(self.num_workers)}
+        self.delayed: list = []
+        self.sequence = itertools.count()
+
+    def reply(self, worker: int, message: dict, delay_s: float = 0.0) -> None:
+        if delay_s > 0:
+            self.later(delay_s, lambda: self.outbox.send(self.num_servers + worker, message, REPLY))
+        else:
+            self.outbox.send(self.num_servers + worker, message, REPLY)
+
+    def later(self, delay_s: float, action) -> None:
+        heapq.heappush(self.delayed, (time.monotonic() + delay_s, next(self.sequence), action))
+
+    def run(self) -> None:
+        backoff = Backoff()
+        status = MPI.Status()
+        last_tick = 0.0
+        while len(self.byes) < self.num_workers:
+            busy = False
+            while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=REQUEST, status=status):
+                source = status.Get_source()
+                self.receive(self.comm.recv(source=source, tag=REQUEST))
+                busy = True
+            now = time.monotonic()
+            while self.delayed and self.delayed[0][0] <= now:
+                heapq.heappop(self.delayed)[2]()
+                busy = True
+            if busy or now - last_tick > 0.01:
+                for session in self.sessions.values():
+                    session.tick(now)
+                last_tick = now
+            self.outbox.progress()
+            if busy:
+                backoff.reset()
+            else:
+                backoff.idle()
+        self.outbox.flush(time.monotonic() + self.timeout_s, f"parameter server {self.index}")
+
+    def receive(self, message: dict) -> None:
+        worker = message["w"]
+        self.last_seen[worker] = time.monotonic()
+        kind = message["kind"]
+        if kind == "bye":
+            # A worker that leaves counts as joined everywhere; after its delayed messages.
+            delay = max((s.delay_s for s in self.sessions.values()), default=0.0)
+            self.later(delay, lambda: self.leave(worker))
+            return
+        sid = message["sid"]
+        if kind == "init":
+            self.sessions[sid] = Session(self, message)
+            for queued in self.early.pop(sid, []):
+                self.sessions[sid].deliver(queued)
+        elif sid in self.sessions:
+            self.sessions[sid].deliver(message)
+        else:
+            self.early.setdefault(sid, []).append(message)
+
+
+    def leave(self, worker: int) -> None:
+        self.byes.add(worker)
+        for session in self.sessions.values():
+            session.joined.add(worker)
+
+
+class Session:
+    """The state of one PSOptimizer on one server."""
+
+    def __init__(self, server: Server, init: dict):
+        self.server = server
+        self.sid = init["sid"]
+        self.spec: policies.PolicySpec = init["spec"]
+        self.delay_s = init["link_delay_s"]
+        self.timeout_s = init["timeout_s"]
+        self.num_workers = server.num_workers
+        self.chunks: Dict[int, torch.Tensor] = {}
+        self.versions: Dict[int, int] = {}
+        groups: Dict[int, list] = {}
+        for cid, group, array in init["chunks"]:
+            tensor = from_wire(array)
+            self.chunks[cid] = tensor
+            self.versions[cid] = 0
+            groups.setdefault(group, []).append(tensor)
+        self.optimizer = None
+        if self.chunks:
+            param_groups = [dict(init["groups"][g], params=ts) for g, ts in sorted(groups.items())]
+            self.optimizer = init["opt_class"](param_groups, **init["defaults"])
+        self.rounds = policies.Rounds(self.spec.quorum)
+        self.buffered: Dict[tuple, dict] = {}
+        self.pushes = [0] * self.num_workers
+        self.applied_from = [0] * self.num_workers
+        self.joined = set()
+        self.dead = set()
+        self.pulls: List[tuple] = []
+        self.joins: List[tuple] = []
+        self.stats = {"bytes_in": 0, "bytes_out": 0, "busy_s": 0.0, "updates": 0, "dropped": 0,
+                      "staleness_hist": {}, "pushes_per_worker": self.pushes,
+                      "applied_per_worker": self.applied_from}
+        self.last_heartbeat = time.monotonic()
+
+    # -- arrival -------------------------------------------------------------------------
+    def deliver(self, message: dict) -> None:
+        if self.delay_s > 0:
+            self.server.later(self.delay_s, lambda: self.handle(message))
+        else:
+            self.handle(message)
+
+    def handle(self, message: dict) -> None:
+        began = time.monotonic()
+        kind, worker = message["kind"], message["w"]
+        if kind == "push":
+            self.on_push(worker, message)
+        elif kind == "pull":
+            self.pulls.append((worker, message["rid"], message["after"], began))
+        elif kind == "join":
+            self.joined.add(worker)
+            self.joins.append((worker, message["rid"]))
+        elif kind == "stats":
+            self.server.reply(worker, {"rid": message["rid"], "stats": self.snapshot()}, self.delay_s)
+        self.stats["busy_s"] += time.monotonic() - began
+        self.tick(time.monotonic())
+
+    def on_push(self, worker: int, message: dict) -> None:
+        grads = message["grads"]
+        self.stats["bytes_in"] += wire_nbytes(grads.values())
+        self.pushes[worker] += 1
+        if self.spec.name in policies.ROUND_POLICIES:
+            if self.rounds.offer(worker, message["clock"]):
+                self.buffered[(message["clock"], worker)] = message
+            else:
+                self.stats["dropped"] += 1
+            return
+        delay = self.delay_of(message)
+        factor = policies.apply_factor(self.spec, delay, message["factor"])
+        self.apply({cid: from_wire(g) for cid, g in grads.items()}, factor)
+        self.record(worker, delay)
+
+    def delay_of(self, message: dict) -> int:
+        seen = message["computed_on"]
+        return max((self.versions[cid] - seen[cid] for cid in seen), default=0)
+
+    def record(self, worker: int, delay: int) -> None:
+        hist = self.stats["staleness_hist"]
+        hist[delay] = hist.get(delay, 0) + 1
+        self.applied_from[worker] += 1
+
+    def apply(self, grads: Dict[int, torch.Tensor], factor: float) -> None:
+        """One optimizer step on this server's chunks with the learning rate times ``factor``."""
+        if self.optimizer is not None:
+            for cid, tensor in self.chunks.items():
+                tensor.grad = grads[cid].to(tensor.dtype) if cid in grads else None
+            saved = [group.get("lr") for group in self.optimizer.param_groups]
+            if factor != 1.0:
+                for group, lr in zip(self.optimizer.param_groups, saved):
+                    if lr is not None:
+                        group["lr"] = lr * factor
+            self.optimizer.step()
+            for group, lr in zip(self.optimizer.param_groups, saved):
+                if lr is not None:
+                    group["lr"] = lr
+        for cid in self.chunks:
+            self.versions[cid] += 1
+        self.stats["updates"] += 1
+
+    # -- progress ------------------------------------------------------------------------
+    def active(self) -> set:
+        return set(range(self.num_workers)) - self.joined - self.dead
+
+    def close_rounds(self) -> None:
+        while self.rounds.ready(self.active()):
+            clock = self.rounds.applied
+            kept, late = self.rounds.close()
+            self.stats["dropped"] += len(late)
+            messages = [self.buffered.pop((clock, w)) for w in kept]
+            for w in late:
+                self.buffered.pop((clock, w), None)
+            total = {}
+            for message in messages:
+                for cid, g in message["grads"].items():
+                    g = from_wire(g)
+                    total[cid] = total[cid] + g if cid in total else g
+            self.apply({cid: g / len(messages) for cid, g in total.items()}, 1.0)
+            for message, w in zip(messages, kept):
+                self.record(w, self.delay_of_round(message))
+
+    def delay_of_round(self, message: dict) -> int:
+        # The round's update was counted in ``versions`` already.
+        return max(0, self.delay_of(message) - 1)
+
+    def tick(self, now: float) -> None:
+        if self.spec.name in policies.ROUND_POLICIES:
+            self.close_rounds()
+        self.answer_pulls(now)
+        self.answer_joins(now)
+
+    def answer_pulls(self, now: float) -> None:
+        waiting = []
+        active = self.active()
+        active_pushes = [self.pushes[w] for w in active]
+        for worker, rid, after, since in self.pulls:
+            if policies.pull_ready(self.spec, after, self.rounds.applied, self.pushes[worker],
+                                   active_pushes):
+                self.send_params(worker, rid, {"min_pushes": min(active_pushes or [0])})
+            elif now - since > self.timeout_s:
+                self.server.reply(worker, {"rid": rid, "error": self.blocked_on(worker, after)})
+            else:
+                waiting.append((worker, rid, after, since))
+        self.pulls = waiting
+
+    def blocked_on(self, worker: int, after: int) -> str:
+        if self.spec.name in policies.ROUND_POLICIES:
+            missing = self.rounds.missing(self.active())
+            return (f"policy {self.spec.name!r}: round {self.rounds.applied} still waits for "
+                    f"workers {missing} after {self.timeout_s:.1f} s (dead or stuck?)")
+        behind = [w for w in self.active()
+                  if self.pushes[worker] - self.pushes[w] > self.spec.staleness]
+        return (f"policy 'ssp' (staleness {self.spec.staleness}): worker {worker} waited "
+                f"{self.timeout_s:.1f} s for workers {behind} to catch up (dead or stuck?)")
+
+    def answer_joins(self, now: float) -> None:
+        if not self.joins:
+            return
+        missing = self.active()
+        if missing:
+            silent = [w for w in missing if now - self.server.last_seen[w] > self.timeout_s]
+            if silent and self.spec.name not in policies.ROUND_POLICIES:
+                print(f"ripples.ps server {self.server.index}: workers {silent} silent for "
+                      f"{self.timeout_s:.1f} s, continuing without them", file=sys.stderr)
+                self.dead.update(silent)
+            elif silent:
+                for worker, rid in self.joins:
+                    self.server.reply(worker, {"rid": rid, "error": (
+                        f"policy {self.spec.name!r}: workers {silent} silent for "
+                        f"{self.timeout_s:.1f} s before joining (dead or stuck?)")})
+                self.joins = []
+                return
+            if self.active() and now - self.last_heartbeat > self.timeout_s / 4:
+                self.last_heartbeat = now
+                for worker, rid in self.joins:
+                    self.server.reply(worker, {"rid": rid, "heartbeat": True})
+            if self.active():
+                return
+        for worker, rid in self.joins:
+            self.send_params(worker, rid, {"stats": self.snapshot()})
+        self.joins = []
+
+    def send_params(self, worker: int, rid: int, extra: dict) -> None:
+        arrays = {cid: to_wire(t).copy() for cid, t in self.chunks.items()}
+        self.stats["bytes_out"] += wire_nbytes(arrays.values())
+        message = {"rid": rid, "params": arrays, "versions": dict(self.versions),
+                   "rounds": self.rounds.applied, "pushes": self.pushes[worker],
+                   "applied_mine": self.applied_from[worker], **extra}
+        self.server.reply(worker, message, self.delay_s)
+
+    def snapshot(self) -> dict:
+        stats = dict(self.stats)
+        stats["staleness_hist"] = dict(stats["staleness_hist"])
+        stats["pushes_per_worker"] = list(self.pushes)
+        stats["applied_per_worker"] = list(self.applied_from)
+        stats["versions"] = dict(self.versions)
+        stats["dead"] = sorted(self.dead)
+        return stats
