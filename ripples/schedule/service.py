@@ -2,8 +2,10 @@
 every rank's requests, and :class:`GeneratorSchedule` is the client each rank holds.
 
 Protocol (pickled messages on the given communicator, which must be used for nothing
-else): a client sends ``(op, rank)`` with tag ``TAG_REQUEST`` to rank 0 and waits for one
-answer ``("ok", payload)`` or ``("error", text)`` with tag ``TAG_REPLY``. ``op`` is
+else): a client sends ``(op, rank, request_id)`` with tag ``TAG_REQUEST`` to rank 0 and waits
+for one answer ``("ok", payload, request_id)`` or ``("error", text, request_id)`` with tag
+``TAG_REPLY``; a late answer to a request that timed out carries an older id and is
+dropped. ``op`` is
 ``"groups"`` (payload: the next ``(seq, group)`` pairs, possibly after the generator waits
 for other workers), ``"leave"`` (payload: the pairs still buffered for the rank) or
 ``"close"`` (leave if not done, then stop; payload: pairs still buffered). Every request
@@ -56,6 +58,7 @@ class GeneratorService:
         self.last_activity = time.monotonic()
         self._stop = threading.Event()
         self._sends: list = []
+        self._request_ids: dict = {}  # worker -> id of its outstanding "groups" request
         self._thread = threading.Thread(target=self._run, name="ripples-group-generator",
                                         daemon=True)
 
@@ -88,7 +91,7 @@ class GeneratorService:
             while len(self.closed) < size and not self._stop.is_set():
                 busy = self._receive(MPI)
                 for worker, pairs in self.generator.poll().items():
-                    self._send(worker, ("ok", pairs))
+                    self._send(worker, ("ok", pairs, self._request_ids.pop(worker)))
                     busy = True
                 self._sends = [req for req in self._sends if not req.Test()]
                 if busy:
@@ -105,19 +108,20 @@ class GeneratorService:
         msg = self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG_REQUEST)
         if msg is None:
             return False
-        op, rank = msg.recv()
+        op, rank, request_id = msg.recv()
         try:
             if op == "groups":
                 self.generator.request(rank)  # answered by poll()
-            elif op == "leave":
-                self._send(rank, ("ok", self.generator.leave(rank)))
-            elif op == "close":
-                self.closed.add(rank)
-                self._send(rank, ("ok", self.generator.leave(rank)))
+                self._request_ids[rank] = request_id
+            elif op in ("leave", "close"):
+                if op == "close":
+                    self.closed.add(rank)
+                self._request_ids.pop(rank, None)
+                self._send(rank, ("ok", self.generator.leave(rank), request_id))
             else:
                 raise ValueError(f"unknown request {op!r}")
         except ValueError as exc:
-            self._send(rank, ("error", str(exc)))
+            self._send(rank, ("error", str(exc), request_id))
         return True
 
     def _send(self, rank: int, message) -> None:
@@ -148,6 +152,7 @@ class GeneratorSchedule(Schedule):
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
         self._held: collections.deque = collections.deque()
+        self._request_id = 0
         self._closed = False
         self._service: Optional[GeneratorService] = None
         generator = GroupGenerator(size, group_size, seed=seed, policy=policy, batch=batch,
@@ -190,7 +195,9 @@ class GeneratorSchedule(Schedule):
     def _call(self, op: str):
         if self._closed:
             raise RipplesError(f"rank {self.rank}: the group generator schedule is closed")
-        send = self.comm.isend((op, self.rank), dest=SERVICE_RANK, tag=TAG_REQUEST)
+        self._request_id += 1
+        send = self.comm.isend((op, self.rank, self._request_id), dest=SERVICE_RANK,
+                               tag=TAG_REQUEST)
         deadline = time.monotonic() + self.timeout_s
         reply = None
         sent = False
@@ -200,6 +207,8 @@ class GeneratorSchedule(Schedule):
                 msg = self.comm.improbe(source=SERVICE_RANK, tag=TAG_REPLY)
                 if msg is not None:
                     reply = msg.recv()
+                    if reply[2] != self._request_id:
+                        reply = None  # late answer to an earlier request that timed out
                     continue
             self._raise_service_error()
             if time.monotonic() > deadline:
@@ -207,7 +216,7 @@ class GeneratorSchedule(Schedule):
                     f"group generator (rank {SERVICE_RANK} of its communicator) did not answer "
                     f"{op!r} from rank {self.rank} within {self.timeout_s}s")
             time.sleep(self.poll_interval_s)
-        status, payload = reply
+        status, payload, _ = reply
         if status != "ok":
             raise RipplesError(f"group generator refused {op!r} from rank {self.rank}: {payload}")
         return payload

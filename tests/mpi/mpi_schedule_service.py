@@ -66,3 +66,23 @@ def test_generator_service_hands_out_consistent_groups(policy):
         (group,) = {g for g, _ in entries}
         # every member executed the group exactly once, nobody else did
         assert sorted(r for _, r in entries) == list(group), (seq, entries)
+
+
+def test_request_without_company_times_out_then_closes_cleanly():
+    from ripples.errors import RipplesTimeoutError
+    from ripples.schedule.service import GeneratorSchedule
+
+    comm = WORLD.Dup()
+    # max_isolation=0: a lone worker must wait for company, and nobody else asks
+    sched = GeneratorSchedule(comm, group_size=2, policy="ready", timeout_s=0.5,
+                              max_isolation=0)
+    if RANK == 1:
+        start = time.monotonic()
+        with pytest.raises(RipplesTimeoutError, match="group generator .* rank 1 within 0.5s"):
+            sched.groups_for_step(0)
+        assert time.monotonic() - start < 2.0
+    WORLD.Barrier()
+    assert sched.leave() == []
+    sched.close()
+    assert not any(t.name == "ripples-group-generator" for t in threading.enumerate())
+    comm.Free()
