@@ -1,7 +1,8 @@
 """Fusion-buffer packing and in-place scaling for the collectives.
 
 CPU tensors run the torch reference (``reference.py``); CUDA tensors run the kernels in
-``csrc/`` compiled at first use through cupy (``cuda.py``). Both follow one arithmetic
+``csrc/`` compiled at first use through cupy (``cuda.py``), or the torch reference when
+cupy is not installed (``ripples.kernels.cuda.available()`` tells which). Both follow one arithmetic
 contract: a scaled element is ``cast<dst>(cast<compute>(x) * scale)``, ``compute`` being
 float64 when source or destination is float64 and float32 otherwise, so fp16/bf16 values
 are computed in fp32 and rounded once.
@@ -35,7 +36,7 @@ def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor, scale: float = 1.0)
     scale = _check_scale(scale, "scale", tensors, out)
     if not tensors:
         return
-    if out.is_cuda:
+    if out.is_cuda and _cuda_kernels():
         from . import cuda
         cuda.pack(tensors, out, scale)
     else:
@@ -51,7 +52,7 @@ def unpack(buffer: torch.Tensor, tensors: Sequence[torch.Tensor], scale: float =
     scale = _check_scale(scale, "scale", tensors, buffer)
     if not tensors:
         return
-    if buffer.is_cuda:
+    if buffer.is_cuda and _cuda_kernels():
         from . import cuda
         cuda.unpack(buffer, tensors, scale)
     else:
@@ -66,11 +67,23 @@ def scale_(tensor: torch.Tensor, factor: float) -> None:
     factor = _check_scale(factor, "factor", [tensor], tensor)
     if factor == 1.0 or tensor.numel() == 0:
         return
-    if tensor.is_cuda:
+    if tensor.is_cuda and _cuda_kernels():
         from . import cuda
         cuda.scale_(tensor, factor)
     else:
         reference.scale_(tensor, factor)
+
+
+_CUDA_KERNELS = None
+
+
+def _cuda_kernels() -> bool:
+    """Whether CUDA tensors go to the compiled kernels (decided once per process)."""
+    global _CUDA_KERNELS
+    if _CUDA_KERNELS is None:
+        from . import cuda
+        _CUDA_KERNELS = cuda.available()
+    return _CUDA_KERNELS
 
 
 def _check_tensors(tensors, name: str) -> list:
