@@ -72,5 +72,5 @@ def run_pytest_under_mpi(module: str, nprocs: int, timeout: float = 180, extra_a
                          env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the pytest module ``tests/mpi/<module>`` on every rank of an ``nprocs`` job."""
     path = TESTS_DIR / "mpi" / module
-    return run_mpi([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    return run_mpi([sys.executable, "-m", "pytest", "-q", "-x", "--color=no", "-p", "no:cacheprovider",
                     "-p", "no:randomly", str(path), *extra_args], nprocs, timeout=timeout, env=env)
