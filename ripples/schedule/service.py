@@ -23,7 +23,7 @@ import time
 from typing import List, Optional
 
 from ..errors import RipplesError, RipplesTimeoutError
-from .base import Assignment, Schedule, check_group_size, check_int
+from .base import Assignment, Schedule, check_group_size
 from .generator import GroupGenerator
 
 TAG_REQUEST = 0x5251
