@@ -1,0 +1,99 @@
+"""NCCL backend: clear errors without cupy (runs everywhere); a world of one rank on a GPU;
+two MPI-launched ranks on two GPUs."""
+import pytest
+import torch
+
+from gpu_support import require_gpu
+from mpi_launch import run_pytest_under_mpi
+from ripples.comm import nccl as backend
+
+
+def test_without_cupy_nccl_is_unavailable_and_construction_explains():
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("cupy is installed")
+    assert backend.nccl_available() is False
+    with pytest.raises(RuntimeError, match="cupy") as info:
+        backend.NcclCommunicator(1, None, 0)
+    assert isinstance(info.value.__cause__, ImportError)
+
+    class NoMpi:  # from_mpi must fail on the import before touching the communicator
+        def __getattr__(self, name):
+            raise AssertionError(f"communicator used: {name}")
+
+    with pytest.raises(RuntimeError, match="cupy"):
+        backend.NcclCommunicator.from_mpi(NoMpi())
+
+
+@pytest.fixture
+def world_of_one():
+    require_gpu()
+    from cupy.cuda import nccl
+
+    comm = backend.NcclCommunicator(1, nccl.get_unique_id(), 0, torch.device("cuda", 0))
+    yield comm
+    comm.close()
+
+
+DTYPES = [torch.float16, torch.float32, torch.float64, torch.int32, torch.int64]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", backend.OPS)
+def test_world_of_one_allreduce_is_identity(world_of_one, dtype, op):
+    x = torch.arange(-5, 6, device="cuda").to(dtype)
+    out = torch.empty_like(x)
+    world_of_one.allreduce(x, out, op)
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), torch.arange(-5, 6).to(dtype))
+
+
+@pytest.mark.gpu
+def test_world_of_one_other_collectives(world_of_one):
+    x = torch.arange(8, dtype=torch.float32, device="cuda")
+    world_of_one.broadcast(x, root=0)
+    gathered = torch.empty(8, device="cuda")
+    world_of_one.allgather(x, gathered)
+    scattered = torch.empty(8, device="cuda")
+    world_of_one.reduce_scatter(x, scattered, "sum")
+    if torch.bfloat16 in world_of_one._dtypes:
+        b = torch.arange(4, device="cuda").bfloat16()
+        world_of_one.allreduce(b, b, "sum")
+        assert b.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    torch.cuda.synchronize()
+    assert x.cpu().tolist() == list(range(8))
+    assert gathered.cpu().tolist() == list(range(8))
+    assert scattered.cpu().tolist() == list(range(8))
+
+
+@pytest.mark.gpu
+def test_argument_errors(world_of_one):
+    x = torch.ones(4, device="cuda")
+    with pytest.raises(ValueError, match="op"):
+        world_of_one.allreduce(x, x, "mean")
+    with pytest.raises(ValueError, match="recv_tensor"):
+        world_of_one.allreduce(x, torch.empty(5, device="cuda"))
+    with pytest.raises(TypeError, match="recv_tensor"):
+        world_of_one.allreduce(x, torch.empty(4, device="cuda", dtype=torch.float64))
+    with pytest.raises(ValueError, match="contiguous"):
+        world_of_one.broadcast(torch.ones(4, 4, device="cuda").t())
+    with pytest.raises(ValueError, match="send_tensor"):
+        world_of_one.allreduce(torch.ones(4), torch.ones(4))
+    with pytest.raises(ValueError, match="root"):
+        world_of_one.broadcast(x, root=1)
+    world_of_one.close()
+    from ripples.errors import RipplesError
+    with pytest.raises(RipplesError, match="closed"):
+        world_of_one.allreduce(x, x)
+
+
+@pytest.mark.gpu
+def test_two_ranks_under_mpi():
+    require_gpu()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("NCCL needs one GPU per rank: fewer than 2 GPUs")
+    run_pytest_under_mpi("mpi_nccl.py", 2, timeout=120)
