@@ -11,7 +11,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["ripples", "ripples.*"]),
-    package_data={"ripples": ["csrc/*.cu", "csrc/*.cuh"]},
+    # ripples/kernels/csrc is a symlink to csrc/ in the checkout; wheels get real copies.
+    package_data={"ripples.kernels": ["csrc/*.cu", "csrc/*.cuh", "csrc/*.cpp"]},
     include_package_data=True,
     install_requires=["torch>=2.1", "numpy", "mpi4py>=4", "tqdm", "matplotlib", "scikit-learn"],
     extras_require={
