@@ -107,10 +107,13 @@ def _check_buffer(buffer, name: str, tensors: list) -> None:
     if buffer.numel() < total:
         raise ValueError(f"{name} holds {buffer.numel()} elements but the tensors have "
                          f"{total}; allocate at least {total}")
-    for i, t in enumerate(tensors):
-        if t.device != buffer.device:
-            raise ValueError(f"tensors[{i}] is on {t.device} but {name} is on "
-                             f"{buffer.device}; move them to one device")
+    # Cheap flag first (this runs every step for every tensor); full comparison on doubt.
+    on_cpu = buffer.device.type == "cpu"
+    if not on_cpu or any(not t.is_cpu for t in tensors):
+        for i, t in enumerate(tensors):
+            if t.device != buffer.device:
+                raise ValueError(f"tensors[{i}] is on {t.device} but {name} is on "
+                                 f"{buffer.device}; move them to one device")
 
 
 def _check_scale(scale, name: str, tensors: list, buffer: torch.Tensor) -> float:

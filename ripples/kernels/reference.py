@@ -52,7 +52,7 @@ def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor, scale: float) -> No
     # exact here, so the multiply afterwards in out's dtype rounds once.
     total = sum(t.numel() for t in tensors)
     region = out.narrow(0, 0, total)
-    torch.cat([t.reshape(-1) for t in tensors], out=region)
+    torch.cat([t if t.dim() == 1 else t.reshape(-1) for t in tensors], out=region)
     if scale != 1.0:
         region.mul_(scale)
 
@@ -75,13 +75,13 @@ def unpack(buffer: torch.Tensor, tensors: Sequence[torch.Tensor], scale: float) 
 
 
 def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]):
-    """Views of ``flat`` shaped like ``like``, made in one C++ call."""
-    return torch._C._nn.unflatten_dense_tensors(flat, list(like))
+    """Views of ``flat`` shaped like ``like`` (1-D ones need no reshaping view)."""
+    pieces = torch.split(flat, [t.numel() for t in like])
+    return [p if t.dim() == 1 else p.view(t.shape) for p, t in zip(pieces, like)]
 
 
 # Private but long-standing torch APIs (used by DDP); fall back to a loop without them.
-_HAS_FOREACH = (hasattr(torch, "_foreach_copy_") and hasattr(torch, "_foreach_mul_")
-                and hasattr(torch._C._nn, "unflatten_dense_tensors"))
+_HAS_FOREACH = hasattr(torch, "_foreach_copy_") and hasattr(torch, "_foreach_mul_")
 
 
 def scale_(tensor: torch.Tensor, factor: float) -> None:

@@ -1,0 +1,122 @@
+"""Bandwidth of ripples.kernels pack / unpack / scale_ against plain torch.
+
+Each case packs `count` float32 tensors of `numel` elements into one buffer (scale 1 and
+0.5), unpacks it back, and scales the buffer in place. Bandwidth counts bytes read plus
+bytes written, from the median of `--iters` timed runs. Baselines measured in the same run:
+on CPU `torch.cat` (+ `mul_`), on GPU a plain device-to-device copy of the buffer.
+
+    python benchmarks/kernels.py [--device cpu|cuda] [--iters 30] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from ripples import kernels
+
+CASES = [(160, 1024), (160, 16384), (32, 262144), (4, 4194304)]
+
+
+def _timer(device: torch.device):
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return sync
+
+
+def median_seconds(fn, iters: int, sync) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_case(count: int, numel: int, device: torch.device, iters: int) -> list:
+    sync = _timer(device)
+    tensors = [torch.randn(numel, device=device) for _ in range(count)]
+    total = count * numel
+    nbytes = total * 4
+    buffer = torch.empty(total, device=device)
+    other = torch.empty_like(buffer)
+    ops = {
+        "pack": lambda: kernels.pack(tensors, buffer),
+        "pack x0.5": lambda: kernels.pack(tensors, buffer, 0.5),
+        "unpack": lambda: kernels.unpack(buffer, tensors),
+        "unpack x0.5": lambda: kernels.unpack(buffer, tensors, 0.5),
+        "scale_": lambda: kernels.scale_(buffer, 0.5),
+    }
+    if device.type == "cuda":
+        baseline = {"d2d copy": lambda: other.copy_(buffer)}
+        compare = {name: "d2d copy" for name in ops}
+    else:
+        baseline = {"torch.cat": lambda: torch.cat(tensors, out=other),
+                    "torch.cat+mul_": lambda: torch.cat(tensors, out=other).mul_(0.5),
+                    "mul_": lambda: other.mul_(0.5)}
+        compare = {"pack": "torch.cat", "pack x0.5": "torch.cat+mul_", "unpack": "torch.cat",
+                   "unpack x0.5": "torch.cat+mul_", "scale_": "mul_"}
+    seconds = {name: median_seconds(fn, iters, sync) for name, fn in {**baseline, **ops}.items()}
+    rows = []
+    for name in ops:
+        ref = compare[name]
+        rows.append({
+            "count": count, "numel": numel, "bytes": nbytes, "op": name,
+            "time_us": seconds[name] * 1e6,
+            "gbps": 2 * nbytes / seconds[name] / 1e9,
+            "baseline": ref, "baseline_time_us": seconds[ref] * 1e6,
+            "baseline_gbps": 2 * nbytes / seconds[ref] / 1e9,
+            "ratio": seconds[ref] / seconds[name],
+        })
+    return rows
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if args.iters < 1:
+        parser.error("--iters must be >= 1")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda given but torch sees no CUDA device")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    path = "CUDA kernels" if device.type == "cuda" and kernels._cuda_kernels() else "torch reference"
+    print(f"device: {device} ({name}), path: {path}, torch threads: {torch.get_num_threads()}, "
+          f"compute: real (memory-bound copies)")
+    print(f"{'tensors':>7} {'numel':>9} {'MB':>7} {'op':>12} {'time(us)':>10} {'GB/s':>7} "
+          f"{'baseline':>15} {'GB/s':>7} {'speed vs base':>13}")
+    rows = []
+    for count, numel in CASES:
+        for row in run_case(count, numel, device, args.iters):
+            rows.append(row)
+            print(f"{row['count']:>7} {row['numel']:>9} {row['bytes'] / 1e6:>7.1f} {row['op']:>12} "
+                  f"{row['time_us']:>10.1f} {row['gbps']:>7.2f} {row['baseline']:>15} "
+                  f"{row['baseline_gbps']:>7.2f} {row['ratio']:>12.2f}x")
+    result = {
+        "benchmark": "kernels", "device": str(device), "device_name": name, "path": path,
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "iters": args.iters,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": platform.node(), "command": "python benchmarks/kernels.py "
+        + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+        "rows": rows,
+    }
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
