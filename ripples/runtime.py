@@ -5,8 +5,9 @@ communicator cache, the queue of pending asynchronous collectives and the fusion
 """
 from __future__ import annotations
 
+import atexit
 import logging
-from typing import Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from mpi4py import MPI
 
@@ -14,6 +15,7 @@ from ripples.comm.control import agree
 from ripples.comm.groups import CommunicatorCache, Group
 from ripples.config import Config
 from ripples.errors import NotInitializedError
+from ripples.timeline import make_timeline
 
 log = logging.getLogger("ripples")
 
@@ -50,7 +52,11 @@ class Runtime:
         self.world_group: Group = tuple(range(self.size))
         self.cache = CommunicatorCache(self.world, config.cache_capacity)
         self.queue = FusionQueue(self)
-        self.joined = False
+        self.timeline = make_timeline(config.timeline, self.rank)
+        self._closers: List[Callable[[], None]] = []
+        # Called by join() before the ranks meet: decentralized and PS optimizers finish
+        # the work already assigned to this rank.
+        self.join_hooks: List[Callable[[], None]] = []
         if config.verbose:
             log.warning("ripples rank %d/%d (local %d/%d, node %d/%d), MPI: %s", self.rank,
                         self.size, self.local_rank, self.local_size, self.cross_rank,
@@ -73,8 +79,15 @@ class Runtime:
             comm = self.cache.create(group)
         return comm, decision.active
 
+    def at_shutdown(self, closer: Callable[[], None]) -> None:
+        """Run ``closer`` at ``shutdown()``, before communicators are released (last in, first run)."""
+        self._closers.append(closer)
+
     def close(self) -> None:
         self.queue.flush()
+        while self._closers:
+            self._closers.pop()()
+        self.timeline.close()
         self.cache.close()
         for comm in (self.cross, self.local, self.service_comm, self.ctl, self.world):
             comm.Free()
@@ -99,6 +112,7 @@ def init(comm: Optional[MPI.Comm] = None, config: Optional[Config] = None, **set
         if comm is not None and not isinstance(comm, MPI.Comm):
             raise TypeError(f"init(comm=...) takes an mpi4py communicator, got {type(comm).__name__}")
         _current = Runtime(comm, config or Config.load(**settings))
+        atexit.register(shutdown)  # runs before mpi4py finalizes MPI (registered earlier)
     return _current
 
 

@@ -13,9 +13,13 @@ def join(device: int = -1) -> int:
     ranks still run, contributing the op's identity (zeros for Sum and Average, and an
     Average divides by the number of ranks that have not joined). Only all-reduces may run
     while some ranks have joined. A joined rank waits at most ``Config.timeout_s`` for the
-    others' next collective. ``device`` is accepted for Horovod compatibility.
+    others' next collective. In decentralized training, the rank first executes the groups
+    already assigned to it and receives no more. ``device`` is accepted for Horovod
+    compatibility.
     """
     rt = _runtime.current()
+    for hook in rt.join_hooks:
+        hook()
     rt.queue.flush()
     if rt.size == 1:
         return rt.rank

@@ -27,6 +27,9 @@ from ripples.ops.process_sets import (ProcessSet, add_process_set, global_proces
                                       remove_process_set)
 from ripples.ops.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ripples.torch.compression import Compression
+from ripples.torch.functions import (average_model, broadcast_optimizer_state,
+                                     broadcast_parameters, consensus_distance)
+from ripples.torch.optimizer import DistributedOptimizer, Sync
 
 
 def init(comm: Optional[MPI.Comm] = None, process_sets=None, **settings) -> None:

@@ -1,0 +1,58 @@
+"""Model-level helpers: broadcast at start, average at the end, measure consensus."""
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Union
+
+import torch
+
+from ripples.ops.collectives import broadcast_, broadcast_object, grouped_allreduce_
+from ripples.ops.reduce_ops import ReduceOp
+from ripples.ops.reduction import split_by_dtype
+
+
+def _tensors_of(params: Union[Mapping, Iterable]) -> list:
+    items = params.items() if isinstance(params, Mapping) else params
+    tensors = []
+    for item in items:
+        tensor = item[1] if isinstance(item, tuple) else item
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"params must hold tensors (a state_dict or named_parameters), got "
+                            f"{type(tensor).__name__}")
+        tensors.append(tensor)
+    return tensors
+
+
+def broadcast_parameters(params, root_rank: int) -> None:
+    """Overwrite ``params`` (``model.state_dict()`` or ``model.named_parameters()``) on every
+    rank with their values on ``root_rank``."""
+    with torch.no_grad():
+        for tensor in _tensors_of(params):
+            broadcast_(tensor.data, root_rank)
+
+
+def broadcast_optimizer_state(optimizer, root_rank: int) -> None:
+    """Give every rank the optimizer state (momentum, step counts) of ``root_rank``."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    state = broadcast_object(inner.state_dict(), root_rank)
+    inner.load_state_dict(state)
+
+
+def average_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Replace parameters and floating buffers on every rank by their average over all ranks
+    (one fused all-reduce per dtype): every mode ends with one model to evaluate and save."""
+    tensors = [p.data for p in model.parameters()]
+    tensors += [b for b in model.buffers() if b.dtype.is_floating_point]
+    with torch.no_grad():
+        for group in split_by_dtype([(t, t) for t in tensors]):
+            grouped_allreduce_([t for t, _ in group], op=ReduceOp.AVERAGE)
+    return model
+
+
+def consensus_distance(model: torch.nn.Module) -> float:
+    """``mean_i ||x_i - x_mean||^2`` over ranks, from one all-reduce of the parameters and
+    their squared norm. Collective: every rank must call it at the same point."""
+    flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    packed = torch.cat([flat, (flat * flat).sum().reshape(1)])
+    grouped_allreduce_([packed], op=ReduceOp.AVERAGE)
+    mean, mean_sq_norm = packed[:-1], packed[-1]
+    return max(0.0, float(mean_sq_norm - (mean * mean).sum()))
