@@ -1,7 +1,8 @@
 """Bandwidth of ripples.kernels pack / unpack / scale_ against plain torch.
 
 Each case packs `count` float32 tensors of `numel` elements into one buffer (scale 1 and
-0.5), unpacks it back, and scales the buffer in place. Bandwidth counts bytes read plus
+SCALE), unpacks it back, and scales the buffer in place. SCALE is -1: a real multiply that
+repeated runs cannot drive into subnormals (which would time the FPU, not memory). Bandwidth counts bytes read plus
 bytes written, from the median of `--iters` timed runs. Baselines measured in the same run:
 on CPU `torch.cat` (+ `mul_`), on GPU a plain device-to-device copy of the buffer.
 
@@ -20,6 +21,7 @@ import torch
 
 from ripples import kernels
 
+SCALE = -1.0
 CASES = [(160, 1024), (160, 16384), (32, 262144), (4, 4194304)]
 
 
@@ -30,16 +32,20 @@ def _timer(device: torch.device):
     return sync
 
 
-def median_seconds(fn, iters: int, sync) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
+def median_seconds(fns: dict, iters: int, sync) -> dict:
+    """Median time of each function, run round-robin so that all of them see the same
+    background load (the machines are shared; ratios must be side by side)."""
+    times = {name: [] for name in fns}
+    for fn in fns.values():
         fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    sync()
+    for _ in range(iters):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def run_case(count: int, numel: int, device: torch.device, iters: int) -> list:
@@ -51,21 +57,21 @@ def run_case(count: int, numel: int, device: torch.device, iters: int) -> list:
     other = torch.empty_like(buffer)
     ops = {
         "pack": lambda: kernels.pack(tensors, buffer),
-        "pack x0.5": lambda: kernels.pack(tensors, buffer, 0.5),
+        "pack*s": lambda: kernels.pack(tensors, buffer, SCALE),
         "unpack": lambda: kernels.unpack(buffer, tensors),
-        "unpack x0.5": lambda: kernels.unpack(buffer, tensors, 0.5),
-        "scale_": lambda: kernels.scale_(buffer, 0.5),
+        "unpack*s": lambda: kernels.unpack(buffer, tensors, SCALE),
+        "scale_": lambda: kernels.scale_(buffer, SCALE),
     }
     if device.type == "cuda":
         baseline = {"d2d copy": lambda: other.copy_(buffer)}
         compare = {name: "d2d copy" for name in ops}
     else:
         baseline = {"torch.cat": lambda: torch.cat(tensors, out=other),
-                    "torch.cat+mul_": lambda: torch.cat(tensors, out=other).mul_(0.5),
-                    "mul_": lambda: other.mul_(0.5)}
-        compare = {"pack": "torch.cat", "pack x0.5": "torch.cat+mul_", "unpack": "torch.cat",
-                   "unpack x0.5": "torch.cat+mul_", "scale_": "mul_"}
-    seconds = {name: median_seconds(fn, iters, sync) for name, fn in {**baseline, **ops}.items()}
+                    "torch.cat+mul_": lambda: torch.cat(tensors, out=other).mul_(SCALE),
+                    "mul_": lambda: other.mul_(SCALE)}
+        compare = {"pack": "torch.cat", "pack*s": "torch.cat+mul_", "unpack": "torch.cat",
+                   "unpack*s": "torch.cat+mul_", "scale_": "mul_"}
+    seconds = median_seconds({**baseline, **ops}, iters, sync)
     rows = []
     for name in ops:
         ref = compare[name]
