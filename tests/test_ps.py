@@ -1,0 +1,28 @@
+"""Parameter-server mode under mpiexec: each script checks itself on every worker and
+aborts the job on failure (servers exit inside ripples.ps.start, so these are plain
+scripts rather than pytest modules)."""
+import sys
+
+import pytest
+
+from mpi_launch import TESTS_DIR, run_mpi
+
+
+def script(name, *args):
+    return [sys.executable, str(TESTS_DIR / "mpi" / name), *map(str, args)]
+
+
+def test_bsp_one_server_equals_synchronous_sgd():
+    out = run_mpi(script("mpi_ps_bsp.py", 1, "roundrobin"), 3, timeout=90).stdout
+    assert "bsp servers=1 placement=roundrobin OK" in out
+
+
+@pytest.mark.parametrize("placement", ["greedy", "mxnet"])
+def test_bsp_two_servers_equals_synchronous_sgd(placement):
+    out = run_mpi(script("mpi_ps_bsp.py", 2, placement), 4, timeout=90).stdout
+    assert f"bsp servers=2 placement={placement} OK" in out
+
+
+def test_policies_exactly_once_ssp_gate_syncopt_and_digits():
+    out = run_mpi(script("mpi_ps_policies.py"), 5, timeout=120).stdout
+    assert "policies OK" in out
