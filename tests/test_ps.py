@@ -26,3 +26,13 @@ def test_bsp_two_servers_equals_synchronous_sgd(placement):
 def test_policies_exactly_once_ssp_gate_syncopt_and_digits():
     out = run_mpi(script("mpi_ps_policies.py"), 5, timeout=120).stdout
     assert "policies OK" in out
+
+
+def test_silent_server_makes_workers_fail_within_timeout():
+    out = run_mpi(script("mpi_ps_failures.py", "server"), 3, timeout=60).stdout
+    assert "silent server OK" in out
+
+
+def test_silent_worker_fails_bsp_and_asp_carries_on():
+    out = run_mpi(script("mpi_ps_failures.py", "worker"), 3, timeout=60).stdout
+    assert "silent worker OK" in out

@@ -10,6 +10,7 @@ import torch
 from mpi4py import MPI
 
 from mpi_ps_common import begin, check, run, small_model
+from ripples.errors import MismatchError
 from ripples.ps.optimizer import PSOptimizer
 
 
@@ -45,9 +46,20 @@ def main():
     metrics = ps.metrics()
     check(set(metrics["staleness_hist"]) == {0}, f"BSP staleness {metrics['staleness_hist']}")
     check(all(s["updates"] == 6 for s in metrics["server_load"]), "6 rounds applied per server")
+    if servers == 1:
+        mismatched_models_are_rejected(context, worker)
     if worker == 0:
         print(f"bsp servers={servers} placement={placement} OK "
               f"load={[s['bytes_in'] for s in metrics['server_load']]}", flush=True)
+
+
+def mismatched_models_are_rejected(context, worker):
+    model = torch.nn.Linear(4, 3 if worker == 0 else 2)
+    try:
+        PSOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), context)
+        check(False, "different models on different workers must be rejected")
+    except MismatchError as exc:
+        check("'weight' shape (3, 4)" in str(exc), f"message must name the tensor: {exc}")
 
 
 run(main)
