@@ -481,7 +481,9 @@ def format_row(row: dict) -> str:
     return " ".join(str(c).rjust(w) for c, w in zip(cells, WIDTHS))
 
 
-def header_info(ctx: Context) -> dict:
+def header_info(ctx: Context, load_before: Sequence[float]) -> dict:
+    """Machine, MPI library, world size and date; the load average before and after the run
+    tells a reader how much else was competing for the cores."""
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             thp = f.read().strip()
@@ -493,6 +495,8 @@ def header_info(ctx: Context) -> dict:
         "mpi_library": ripples_runtime.mpi_library(), "mpi4py": __import__("mpi4py").__version__,
         "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version(),
         "world_size": ctx.size, "transparent_hugepage": thp,
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "compute": "no compute (pure communication)",
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
     }
@@ -532,7 +536,8 @@ def bars(rows: List[dict], miss: Optional[dict]) -> List[dict]:
 def print_report(info, args, rows, miss, memory, results_bars) -> None:
     print(f"# ripples collectives benchmark  {info['date']}")
     print(f"# machine: {info['host']} {info['machine']}, {info['cores']} cores; "
-          f"THP: {info['transparent_hugepage']}")
+          f"THP: {info['transparent_hugepage']}; load average before {info['loadavg_before']} "
+          f"after {info['loadavg_after']}")
     print(f"# MPI: {info['mpi_library']} (mpi4py {info['mpi4py']}); world size {info['world_size']}")
     print(f"# compute: {info['compute']}")
     print(f"# command: {info['command']}")
@@ -586,6 +591,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
     ops = parse_ops(args.ops)
     ctx = Context(args)
+    load_before = os.getloadavg()
     rows = []
     for op in ops:
         for nbytes in sizes:
@@ -596,7 +602,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                    and args.miss_samples) else None
     memory = memory_effect(ctx, args.iters, args.rounds) if args.memory else None
     if ctx.rank == 0:
-        info = header_info(ctx)
+        info = header_info(ctx, load_before)
         results_bars = bars(rows, miss)
         print_report(info, args, rows, miss, memory, results_bars)
         if args.json:
