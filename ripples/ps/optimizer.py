@@ -82,7 +82,7 @@ class PSOptimizer:
                       "expected_tau_hist": {}, "gate_log": [], "blocked_by_max_lag": 0}
         if self.worker == 0:
             self._send_init(optimizer, groups)
-        self._install_all(self._wait_all(self._request_pull(), "initial pull"))
+        self._install_all(self._wait_all(self._request_pull(), "initial pull", count_blocked=False))
 
     # -- pass-through ----------------------------------------------------------------------
     @property
@@ -155,11 +155,12 @@ class PSOptimizer:
         if self.joined:
             return self.stats["steps"]
         if self.pending_pull:
-            self._install_all(self._wait_all(self.pending_pull, "eager pull before join"))
+            self._install_all(self._wait_all(self.pending_pull, "eager pull before join",
+                                             count_blocked=False))
             self.pending_pull = None
         rids = {s: self.channel.send(s, {"kind": "join", "sid": self.sid, "w": self.worker})
                 for s in self.servers}
-        answers = self._wait_all(rids, "join")
+        answers = self._wait_all(rids, "join", count_blocked=False)
         self._install_all(answers)
         self.server_stats = [answers[s]["stats"] for s in self.servers]
         self.joined = True
@@ -168,7 +169,8 @@ class PSOptimizer:
     def metrics(self) -> dict:
         """This worker's traffic and waiting, and every server's load and staleness.
 
-        Keys: policy, steps, bytes_pushed, bytes_pulled, bytes_*_per_server, time_blocked_s,
+        Keys: policy, steps, bytes_pushed, bytes_pulled, bytes_*_per_server, time_blocked_s
+        (waiting inside ``step()``),
         expected_tau_hist (eager), gate_log ((own pushes, slowest active worker's pushes)
         when each pull was answered), staleness_hist (realized, all servers), dropped,
         server_load (per server: bytes_in, bytes_out, busy_s, updates, dropped, ...).

@@ -50,6 +50,12 @@ def exactly_once(context):
     check(m["server_load"][0]["updates"] == total_pushes, f"eager updates {m['server_load'][0]}")
     check(sum(m["staleness_hist"].values()) == total_pushes, "eager staleness recorded per update")
 
+    final, m = vector_session(context, "eager", steps, max_lag=0)
+    expected = -comm.allreduce((w + 1) * sum(c / tau for tau, c in m["expected_tau_hist"].items()))
+    check(torch.allclose(final, torch.full((6,), expected, dtype=torch.float64)),
+          f"eager max_lag=0: final {final.tolist()} expected {expected}")
+    check(comm.allreduce(m["blocked_by_max_lag"]) > 0, "max_lag=0 must block some steps")
+
 
 def ssp_gate(context):
     s = 1
