@@ -144,7 +144,9 @@ def _follow(ctl, leader, group, what, record, timeout_s, stall_s) -> Agreement:
     reply = np.empty(REPLY_BYTES, dtype=np.uint8)
     send = ctl.Isend(_encode(record, RECORD_BYTES), dest=leader, tag=_TAG_RECORD)
     recv = ctl.Irecv(reply, source=leader, tag=_TAG_REPLY)
-    deadline = Deadline(timeout_s, stall_s, lambda: (
+    # The leader answers within its own timeout, naming whoever is missing; a follower
+    # gives up later, so that it only ever times out on a leader that is itself absent.
+    deadline = Deadline(timeout_s + max(1.0, 0.5 * timeout_s), stall_s, lambda: (
         f"{what} on group {tuple(group)}: leader rank {leader} has not answered "
         f"(rank {ctl.Get_rank()} is waiting)"))
     try:

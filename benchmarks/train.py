@@ -1,0 +1,148 @@
+"""End-to-end benchmark: all-reduce vs decentralized modes under heterogeneity.
+
+    python benchmarks/train.py --np 8 --seconds 15 --json benchmarks/results/train.json
+
+For each scenario (homogeneous; one 5x-slow worker; random 5x slowdowns with p = 0.1) one
+MPI job of ``--np`` ranks trains the same model (an MLP on scikit-learn's digits), data,
+seed and wall-clock budget in every mode: ``allreduce``, ``ripples`` with the static,
+random and generator schedules, and ``adpsgd``. Compute is EMULATED: each step is padded to
+``--compute-ms`` (sleep) so that 8 ranks on 2 cores measure synchronization, not CPU
+contention. Ratios are against ``allreduce`` in the same job.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCENARIOS = {
+    "homogeneous": {},
+    "one-slow": {"slowdown": "{last}:5"},
+    "random-slow": {"random_slowdown": "0.1:5"},
+}
+MODES = [("allreduce", None), ("ripples", "static"), ("ripples", "random"),
+         ("ripples", "generator"), ("adpsgd", None)]
+
+
+def ceiling_steps_per_s(size: int, compute_ms: float, scenario: str) -> float:
+    """sum_i v_i: every worker stepping at its own speed with no waiting at all."""
+    t = compute_ms / 1000.0
+    if scenario == "one-slow":
+        return (size - 1) / t + 1 / (5 * t)
+    if scenario == "random-slow":
+        return size / (t * (0.9 + 0.1 * 5))
+    return size / t
+
+
+def worker(args) -> None:
+    import ripples.torch as hvd
+    from ripples.demo import load_data, train_mode
+
+    scenario = SCENARIOS[args.scenario]
+    settings = {k: v.format(last=args.np - 1) for k, v in scenario.items()}
+    hvd.init(compute_ms=args.compute_ms, seed=args.seed, **settings)
+    data = load_data()
+    rows = []
+    for sync, schedule in MODES:
+        result = train_mode(data, sync, args.seconds, batch=args.batch, lr=args.lr,
+                            target=args.target, schedule=schedule, group_size=args.group_size,
+                            progress=False, seed=args.seed)
+        rows.append({
+            "mode": result.mode,
+            "wall_s": result.wall_s,
+            "steps_per_s": sum(result.steps) / result.wall_s,
+            "samples_per_s": result.samples_per_s,
+            "steps_min": min(result.steps), "steps_max": max(result.steps),
+            "time_to_target_s": result.time_to_target_s,
+            "averaged_accuracy": result.averaged_accuracy,
+            "worst_accuracy": result.worst_accuracy,
+            "consensus_distance": result.consensus_distance,
+            "wait_share": sum(result.wait_s) / (len(result.wait_s) * result.wall_s),
+        })
+        if hvd.rank() == 0:
+            print(f"  {args.scenario}: {result.mode} done", file=sys.stderr, flush=True)
+    if hvd.rank() == 0:
+        Path(args.out).write_text(json.dumps(rows))
+    hvd.shutdown()
+
+
+def launch(args, scenario: str, out: str) -> None:
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.np), "--oversubscribe",
+           "--bind-to", "none", sys.executable, __file__, "--worker", "--scenario", scenario,
+           "--out", out, "--np", str(args.np), "--seconds", str(args.seconds),
+           "--compute-ms", str(args.compute_ms), "--batch", str(args.batch), "--lr", str(args.lr),
+           "--target", str(args.target), "--group-size", str(args.group_size),
+           "--seed", str(args.seed)]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1")
+    subprocess.run(cmd, check=True, env=env, timeout=60 + 3 * args.seconds * len(MODES))
+
+
+def table(scenario: str, rows, ceiling: float) -> str:
+    base = rows[0]
+    lines = [f"scenario {scenario}: ceiling {ceiling:.1f} steps/s",
+             f"{'mode':<20} {'steps/s':>8} {'x allred':>8} {'of ceil':>7} {'t->tgt(s)':>9} "
+             f"{'x allred':>8} {'avg acc':>7} {'worst':>6} {'consensus':>9} {'wait':>5}"]
+    for row in rows:
+        ttt = row["time_to_target_s"]
+        speed = (base["time_to_target_s"] / ttt if ttt and base["time_to_target_s"] else None)
+        lines.append(
+            f"{row['mode']:<20} {row['steps_per_s']:>8.1f} "
+            f"{row['steps_per_s'] / base['steps_per_s']:>7.2f}x {row['steps_per_s'] / ceiling:>7.0%} "
+            f"{(format(ttt, '.1f') if ttt else 'n/a'):>9} "
+            f"{(format(speed, '.2f') + 'x' if speed else 'n/a'):>8} "
+            f"{row['averaged_accuracy']:>7.3f} {row['worst_accuracy']:>6.3f} "
+            f"{row['consensus_distance']:>9.2e} {row['wait_share']:>5.0%}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--np", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=15.0, help="wall time per mode")
+    parser.add_argument("--compute-ms", type=float, default=50.0, help="emulated compute per step")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--target", type=float, default=0.93, help="target test accuracy")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--json", help="write all results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--scenario", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    if unknown:
+        parser.error(f"--scenarios: unknown {unknown}; valid: {list(SCENARIOS)}")
+    print(f"end-to-end benchmark: {args.np} ranks on {os.cpu_count()} cores, compute EMULATED "
+          f"({args.compute_ms:g} ms/step), {args.seconds:g} s per mode, group size "
+          f"{args.group_size}, digits MLP, {time.strftime('%Y-%m-%d')}")
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
+              "cores": os.cpu_count(), "compute": "emulated", "args": vars(args), "scenarios": {}}
+    for scenario in scenarios:
+        out = f"/tmp/ripples_train_{scenario}_{os.getpid()}.json"
+        launch(args, scenario, out)
+        rows = json.loads(Path(out).read_text())
+        ceiling = ceiling_steps_per_s(args.np, args.compute_ms, scenario)
+        report["scenarios"][scenario] = {"ceiling_steps_per_s": ceiling, "modes": rows}
+        print(table(scenario, rows, ceiling), flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
