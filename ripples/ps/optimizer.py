@@ -38,34 +38,35 @@ class PSOptimizer:
         backup_workers: Sync-opt's ``b``; a round applies the first ``W - b`` pushes.
         link_delay_s: emulated one-way latency added by the servers to every message
             (benchmarks only).
+        controller: called as ``controller(self)`` at the end of every ``step()``, at an
+            iteration boundary (the place for schemes that re-form communities, rebalance
+            work or move chunks from measured ``metrics()``).
     """
 
     def __init__(self, optimizer, named_parameters, context: PSContext, policy="bsp",
                  staleness=None, placement="roundrobin", chunk_bytes=4 << 20,
                  eager_scale="inverse", max_lag=None, coupled=False, timeout_s=60,
-                 backup_workers=1, link_delay_s=0.0):
+                 backup_workers=1, link_delay_s=0.0, controller=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         if not isinstance(context, PSContext) or context.worker < 0:
             raise TypeError("context must be the worker PSContext returned by ripples.ps.start")
-        if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        if not isinstance(link_delay_s, (int, float)) or link_delay_s < 0:
-            raise ValueError(f"link_delay_s must be a number >= 0, got {link_delay_s!r}")
         self.optimizer = optimizer
         self.context = context
         self.channel = context.channel
         self.worker = context.worker
-        self.timeout_s = float(timeout_s)
-        self.link_delay_s = float(link_delay_s)
-        self.spec = policies.make_spec(policy, context.num_workers, staleness, backup_workers,
-                                       eager_scale, max_lag, coupled)
-        self.names, self.params, groups = _collect(optimizer, named_parameters)
-        infos = [placement_mod.ParamInfo(n, p.numel(), p.element_size())
-                 for n, p in zip(self.names, self.params)]
-        self.map = placement_mod.plan(infos, context.num_servers, placement, chunk_bytes)
-        self._check_same_everywhere(policy, staleness, backup_workers, eager_scale, max_lag,
-                                    coupled, chunk_bytes, placement)
+        self.controller = controller
+        # Validate locally, then agree: a worker with bad arguments must not leave the
+        # others waiting in the collective check.
+        problem = None
+        try:
+            self._validate(optimizer, named_parameters, policy, staleness, placement, chunk_bytes,
+                           eager_scale, max_lag, coupled, timeout_s, backup_workers, link_delay_s)
+        except (TypeError, ValueError) as exc:
+            problem = exc
+        placement_name = getattr(placement, "__qualname__", placement)  # no addresses
+        self._check_same_everywhere(problem, policy, staleness, backup_workers, eager_scale,
+                                    max_lag, coupled, chunk_bytes, placement_name)
         self.sid = context.new_session_id()
         self.servers = list(range(context.num_servers))
         self.server_chunks = {s: self.map.chunks_of(s) for s in self.servers}
@@ -81,8 +82,27 @@ class PSOptimizer:
                       "bytes_pulled_per_server": [0] * len(self.servers), "time_blocked_s": 0.0,
                       "expected_tau_hist": {}, "gate_log": [], "blocked_by_max_lag": 0}
         if self.worker == 0:
-            self._send_init(optimizer, groups)
+            self._send_init(optimizer, self.groups)
         self._install_all(self._wait_all(self._request_pull(), "initial pull", count_blocked=False))
+
+    def _validate(self, optimizer, named_parameters, policy, staleness, placement, chunk_bytes,
+                  eager_scale, max_lag, coupled, timeout_s, backup_workers, link_delay_s):
+        context = self.context
+        if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if not isinstance(link_delay_s, (int, float)) or link_delay_s < 0:
+            raise ValueError(f"link_delay_s must be a number >= 0, got {link_delay_s!r}")
+        self.timeout_s = float(timeout_s)
+        self.link_delay_s = float(link_delay_s)
+        self.spec = policies.make_spec(policy, context.num_workers, staleness, backup_workers,
+                                       eager_scale, max_lag, coupled)
+        self.names, self.params, groups = _collect(optimizer, named_parameters)
+        infos = [placement_mod.ParamInfo(n, p.numel(), p.element_size())
+                 for n, p in zip(self.names, self.params)]
+        self.map = placement_mod.plan(infos, context.num_servers, placement, chunk_bytes)
+        self.groups = groups
+        if self.controller is not None and not callable(self.controller):
+            raise TypeError("controller must be None or a callable controller(ps_optimizer)")
 
     # -- pass-through ----------------------------------------------------------------------
     @property
@@ -114,6 +134,8 @@ class PSOptimizer:
             answers = self._wait_all(self._request_pull(), f"pull after step {self.clock}")
             self._install_all(answers)
         self.stats["steps"] += 1
+        if self.controller is not None:
+            self.controller(self)
         return loss
 
     def _eager_step(self):
@@ -253,10 +275,17 @@ class PSOptimizer:
                 "groups": hyper, "spec": self.spec, "link_delay_s": self.link_delay_s,
                 "timeout_s": self.timeout_s})
 
-    def _check_same_everywhere(self, *arguments) -> None:
-        mine = {"params": [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self.names, self.params)],
-                "arguments": repr(arguments)}
+    def _check_same_everywhere(self, problem, *arguments) -> None:
+        params = [] if problem else list(zip(self.names, self.params))
+        mine = {"params": [(n, tuple(p.shape), str(p.dtype)) for n, p in params],
+                "arguments": repr(arguments), "problem": repr(problem) if problem else None}
         everyone = self.context.worker_comm.allgather(mine)
+        if problem is not None:
+            raise problem
+        for worker, theirs in enumerate(everyone):
+            if theirs["problem"]:
+                raise MismatchError(f"worker {worker} rejected its PSOptimizer arguments: "
+                                    f"{theirs['problem']}")
         reference = everyone[0]
         for worker, theirs in enumerate(everyone):
             if theirs == reference:

@@ -20,8 +20,10 @@ def main():
     model = small_model(seed=worker)  # different inits: servers must start from worker 0's
     reference = small_model(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    boundaries = []
     ps = PSOptimizer(opt, model.named_parameters(), context, policy="bsp",
-                     placement=placement, chunk_bytes=96, timeout_s=20)
+                     placement=placement, chunk_bytes=96, timeout_s=20,
+                     controller=lambda o: boundaries.append(o.clock))
     for p, q in zip(model.parameters(), reference.parameters()):
         check(torch.equal(p, q), "initial pull must give worker 0's parameters")
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
@@ -42,6 +44,7 @@ def main():
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             check(torch.allclose(p, q, atol=1e-6, rtol=1e-5),
                   f"step {step} {name}: max diff {(p - q).abs().max().item()}")
+    check(boundaries == [1, 2, 3, 4, 5, 6], f"controller called after each step: {boundaries}")
     ps.join()
     metrics = ps.metrics()
     check(set(metrics["staleness_hist"]) == {0}, f"BSP staleness {metrics['staleness_hist']}")
@@ -60,6 +63,15 @@ def mismatched_models_are_rejected(context, worker):
         check(False, "different models on different workers must be rejected")
     except MismatchError as exc:
         check("'weight' shape (3, 4)" in str(exc), f"message must name the tensor: {exc}")
+    model = torch.nn.Linear(4, 3)
+    try:  # a bad argument on one worker: it gets ValueError, the others MismatchError
+        PSOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                    context, policy="ssp", staleness=1 if worker == 0 else -1)
+        check(False, "staleness=-1 on one worker must be rejected everywhere")
+    except ValueError as exc:
+        check(worker != 0 and "staleness" in str(exc), f"worker {worker}: {exc!r}")
+    except MismatchError as exc:
+        check(worker == 0 and "staleness" in str(exc), f"worker {worker}: {exc!r}")
 
 
 run(main)
