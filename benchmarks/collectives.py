@@ -432,12 +432,37 @@ def cache_miss(ctx: Context, samples: int) -> Optional[dict]:
             "miss_samples_us": (miss_s * 1e6).round(1).tolist()}
 
 
+def anon_huge_kb() -> Optional[int]:
+    """This process's transparent huge page memory in kB (Linux), None where unknown."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _allocate(kind: str, count: int) -> Tuple[np.ndarray, Optional[int]]:
+    """A zeroed float32 buffer from numpy or torch, and the huge-page kB it added."""
+    before = anon_huge_kb()
+    buf = np.zeros(count, np.float32) if kind == "numpy" else torch.zeros(count).numpy()
+    buf[:] = 0.0  # write every page so the kernel backs it now (zeros keep sums finite)
+    after = anon_huge_kb()
+    return buf, (after - before if before is not None and after is not None else None)
+
+
 def memory_effect(ctx: Context, iters: int, rounds: int) -> Optional[dict]:
     """4 MiB in-place raw Allreduce over the world on numpy- vs torch-allocated memory, and
-    ``numpy.copyto`` bandwidth of the same buffers (all ranks copy at once)."""
+    ``numpy.copyto`` bandwidth of the same buffers (all ranks copy at once). numpy advises
+    the kernel to use transparent huge pages for arrays of 4 MiB and more; torch does not."""
     count = MEMORY_BYTES // ITEMSIZE
-    buffers = {"numpy": (np.zeros(count, np.float32), np.zeros(count, np.float32)),
-               "torch": (torch.zeros(count).numpy(), torch.zeros(count).numpy())}
+    buffers, huge_kb = {}, {}
+    for kind in ("numpy", "torch"):
+        (a, huge_a), (b, huge_b) = _allocate(kind, count), _allocate(kind, count)
+        buffers[kind] = (a, b)
+        huge_kb[kind] = None if huge_a is None or huge_b is None else huge_a + huge_b
     results = {}
     for kind, (a, b) in buffers.items():
         def reduce(buf=a):
@@ -448,13 +473,14 @@ def memory_effect(ctx: Context, iters: int, rounds: int) -> Optional[dict]:
         for _ in range(3):
             reduce()
             copy()
-        mine = alternating(ctx, reduce, copy, iters, rounds)
+        mine = alternating(ctx, reduce, copy, iters, rounds)  # "ripples" = reduce, "raw" = copy
         gathered = gather_rounds(ctx, mine)
         if ctx.rank == 0:
             t = slowest(gathered["ripples"], range(ctx.size))
             c = slowest(gathered["raw"], range(ctx.size))
             busbw = _gbps(MEMORY_BYTES, t) * AllreducePlugin.factor(ctx.size)
             results[kind] = {"allreduce_us": t * 1e6, "busbw": busbw,
+                             "huge_page_kb_rank0": huge_kb[kind],
                              "memcpy_us": c * 1e6, "memcpy_gbps": _gbps(MEMORY_BYTES, c),
                              "busbw_over_memcpy": busbw / _gbps(MEMORY_BYTES, c)}
     if ctx.rank != 0:
@@ -575,7 +601,8 @@ def print_report(info, args, rows, miss, memory, results_bars) -> None:
             m = memory[kind]
             print(f"#   {kind:5} memory: allreduce {m['allreduce_us']:.1f} us "
                   f"busbw {m['busbw']:.3f} GB/s; memcpy {m['memcpy_us']:.1f} us "
-                  f"{m['memcpy_gbps']:.3f} GB/s; busbw/memcpy {m['busbw_over_memcpy']:.3f}")
+                  f"{m['memcpy_gbps']:.3f} GB/s; busbw/memcpy {m['busbw_over_memcpy']:.3f}; "
+                  f"huge pages {m['huge_page_kb_rank0']} kB of 8192 kB")
         print(f"#   torch/numpy all-reduce time: {memory['torch_over_numpy_time']:.2f}x")
     print("#\n# bars (reports, not assertions)")
     for b in results_bars:
