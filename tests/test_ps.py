@@ -3,8 +3,6 @@ aborts the job on failure (servers exit inside ripples.ps.start, so these are pl
 scripts rather than pytest modules)."""
 import sys
 
-import pytest
-
 from mpi_launch import TESTS_DIR, run_mpi
 
 
@@ -17,10 +15,11 @@ def test_bsp_one_server_equals_synchronous_sgd():
     assert "bsp servers=1 placement=roundrobin OK" in out
 
 
-@pytest.mark.parametrize("placement", ["greedy", "mxnet"])
-def test_bsp_two_servers_equals_synchronous_sgd(placement):
-    out = run_mpi(script("mpi_ps_bsp.py", 2, placement), 4, timeout=90).stdout
-    assert f"bsp servers=2 placement={placement} OK" in out
+def test_bsp_two_servers_equals_synchronous_sgd_under_every_placement():
+    placements = ("roundrobin", "greedy", "mxnet", "hash")
+    out = run_mpi(script("mpi_ps_bsp.py", 2, ",".join(placements)), 4, timeout=90).stdout
+    for placement in placements:
+        assert f"bsp servers=2 placement={placement} OK" in out
 
 
 def test_policies_exactly_once_ssp_gate_syncopt_and_digits():

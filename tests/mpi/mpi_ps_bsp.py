@@ -1,7 +1,7 @@
 """BSP through 1 or 2 servers equals synchronous data-parallel SGD (gradients averaged with
 Allreduce on the workers, optimizer applied locally), step by step.
 
-Usage: mpi_ps_bsp.py SERVERS PLACEMENT
+Usage: mpi_ps_bsp.py SERVERS PLACEMENT[,PLACEMENT...]   (one session per placement)
 """
 import copy
 import sys
@@ -15,8 +15,16 @@ from ripples.ps.optimizer import PSOptimizer
 
 
 def main():
-    servers, placement = int(sys.argv[1]), sys.argv[2]
+    servers, placements = int(sys.argv[1]), sys.argv[2].split(",")
     context, worker, workers = begin(servers)
+    for placement in placements:
+        bsp_matches_synchronous_sgd(context, servers, placement)
+    if servers == 1:
+        mismatched_models_are_rejected(context, worker)
+
+
+def bsp_matches_synchronous_sgd(context, servers, placement):
+    worker, workers = context.worker, context.num_workers
     model = small_model(seed=worker)  # different inits: servers must start from worker 0's
     reference = small_model(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
@@ -49,8 +57,6 @@ def main():
     metrics = ps.metrics()
     check(set(metrics["staleness_hist"]) == {0}, f"BSP staleness {metrics['staleness_hist']}")
     check(all(s["updates"] == 6 for s in metrics["server_load"]), "6 rounds applied per server")
-    if servers == 1:
-        mismatched_models_are_rejected(context, worker)
     if worker == 0:
         print(f"bsp servers={servers} placement={placement} OK "
               f"load={[s['bytes_in'] for s in metrics['server_load']]}", flush=True)
