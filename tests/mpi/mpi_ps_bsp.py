@@ -3,7 +3,6 @@ Allreduce on the workers, optimizer applied locally), step by step.
 
 Usage: mpi_ps_bsp.py SERVERS PLACEMENT[,PLACEMENT...]   (one session per placement)
 """
-import copy
 import sys
 
 import torch

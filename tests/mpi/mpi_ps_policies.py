@@ -5,7 +5,6 @@ import time
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from mpi_ps_common import begin, check, run
 from ripples.ps.optimizer import PSOptimizer
