@@ -518,7 +518,8 @@ def header_info(ctx: Context, load_before: Sequence[float]) -> dict:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(), "machine": platform.machine(), "cores": os.cpu_count(),
-        "mpi_library": ripples_runtime.mpi_library(), "mpi4py": __import__("mpi4py").__version__,
+        # Open MPI's version string ends in a NUL byte, which would make the text binary.
+        "mpi_library": ripples_runtime.mpi_library().replace("\0", "").strip(), "mpi4py": __import__("mpi4py").__version__,
         "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version(),
         "world_size": ctx.size, "transparent_hugepage": thp,
         "loadavg_before": [round(x, 2) for x in load_before],
@@ -619,6 +620,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ops = parse_ops(args.ops)
     ctx = Context(args)
     load_before = os.getloadavg()
+    # First, while the heap is fresh: once large buffers have been freed, glibc serves later
+    # 4 MiB requests from already-mapped small pages and numpy's huge-page advice is moot.
+    memory = memory_effect(ctx, args.iters, args.rounds) if args.memory else None
     rows = []
     for op in ops:
         for nbytes in sizes:
@@ -627,7 +631,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 rows.append(row)
     miss = cache_miss(ctx, args.miss_samples) if ("partial_allreduce" in ops
                                                    and args.miss_samples) else None
-    memory = memory_effect(ctx, args.iters, args.rounds) if args.memory else None
     if ctx.rank == 0:
         info = header_info(ctx, load_before)
         results_bars = bars(rows, miss)
