@@ -224,13 +224,14 @@ class PSOptimizer:
             self.stats["bytes_pushed_per_server"][server] += wire_nbytes(grads.values())
             self.channel.send(server, {"kind": "push", "sid": self.sid, "w": self.worker,
                                        "clock": self.clock, "grads": grads, "computed_on": seen,
-                                       "factor": factor})
+                                       "factor": factor, "map": self.map.version})
         self.pushes += 1
         self.clock += 1
 
     def _request_pull(self) -> Dict[int, int]:
         return {s: self.channel.send(s, {"kind": "pull", "sid": self.sid, "w": self.worker,
-                                         "after": self.clock}) for s in self.servers}
+                                         "after": self.clock, "map": self.map.version})
+                for s in self.servers}
 
     def _wait_all(self, rids: Dict[int, int], what: str, count_blocked=True) -> Dict[int, dict]:
         began = time.monotonic()
@@ -273,6 +274,7 @@ class PSOptimizer:
                 "kind": "init", "sid": self.sid, "w": self.worker, "chunks": chunks,
                 "opt_class": type(optimizer), "defaults": dict(optimizer.defaults),
                 "groups": hyper, "spec": self.spec, "link_delay_s": self.link_delay_s,
+                "map_version": self.map.version,
                 "timeout_s": self.timeout_s})
 
     def _check_same_everywhere(self, problem, *arguments) -> None:

@@ -90,7 +90,10 @@ class Server:
             return
         sid = message["sid"]
         if kind == "init":
-            self.sessions[sid] = Session(self, message)
+            try:
+                self.sessions[sid] = Session(self, message)
+            except Exception as exc:  # noqa: BLE001 - reported to the workers, not fatal here
+                self.sessions[sid] = FailedSession(self, f"could not set up the session: {exc!r}")
             for queued in self.early.pop(sid, []):
                 self.sessions[sid].deliver(queued)
         elif sid in self.sessions:
@@ -105,6 +108,23 @@ class Server:
             session.joined.add(worker)
 
 
+class FailedSession:
+    """A session whose setup or processing failed: every request gets the error back."""
+
+    def __init__(self, server: Server, error: str):
+        self.server = server
+        self.error = error
+        self.delay_s = 0.0
+        self.joined = set()
+
+    def deliver(self, message: dict) -> None:
+        if message["kind"] != "push":
+            self.server.reply(message["w"], {"rid": message["rid"], "error": self.error})
+
+    def tick(self, now: float) -> None:
+        pass
+
+
 class Session:
     """The state of one PSOptimizer on one server."""
 
@@ -113,6 +133,7 @@ class Session:
         self.sid = init["sid"]
         self.spec: policies.PolicySpec = init["spec"]
         self.delay_s = init["link_delay_s"]
+        self.map_version = init["map_version"]
         self.timeout_s = init["timeout_s"]
         self.num_workers = server.num_workers
         self.chunks: Dict[int, torch.Tensor] = {}
@@ -148,8 +169,35 @@ class Session:
             self.handle(message)
 
     def handle(self, message: dict) -> None:
+        try:
+            self.dispatch(message)
+        except Exception as exc:  # noqa: BLE001 - the workers must hear about it, not hang
+            failed = self.fail(f"failed handling {message['kind']!r} from worker "
+                               f"{message['w']}: {exc!r}")
+            failed.deliver(message)
+
+    def tick(self, now: float) -> None:
+        try:
+            self.progress(now)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(f"failed applying updates: {exc!r}")
+
+    def fail(self, error: str) -> FailedSession:
+        """Replace this session by one that answers every request with ``error``."""
+        failed = FailedSession(self.server, error)
+        failed.joined = self.joined
+        self.server.sessions[self.sid] = failed
+        for worker, rid, *_ in self.pulls + self.joins:
+            self.server.reply(worker, {"rid": rid, "error": error})
+        self.pulls, self.joins = [], []
+        return failed
+
+    def dispatch(self, message: dict) -> None:
         began = time.monotonic()
         kind, worker = message["kind"], message["w"]
+        if message.get("map", self.map_version) != self.map_version:
+            raise ValueError(f"message built against chunk map version {message['map']}, "
+                             f"this server holds version {self.map_version}")
         if kind == "push":
             self.on_push(worker, message)
         elif kind == "pull":
@@ -160,7 +208,7 @@ class Session:
         elif kind == "stats":
             self.server.reply(worker, {"rid": message["rid"], "stats": self.snapshot()}, self.delay_s)
         self.stats["busy_s"] += time.monotonic() - began
-        self.tick(time.monotonic())
+        self.progress(time.monotonic())
 
     def on_push(self, worker: int, message: dict) -> None:
         grads = message["grads"]
@@ -229,7 +277,7 @@ class Session:
         # The round's update was counted in ``versions`` already.
         return max(0, self.delay_of(message) - 1)
 
-    def tick(self, now: float) -> None:
+    def progress(self, now: float) -> None:
         if self.spec.name in policies.ROUND_POLICIES:
             self.close_rounds()
         self.answer_pulls(now)

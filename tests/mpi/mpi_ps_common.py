@@ -40,3 +40,10 @@ def run(main) -> None:
 def small_model(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+class ExplodingSGD(torch.optim.SGD):
+    """An optimizer whose step fails (on the server, which runs it)."""
+
+    def step(self, closure=None):
+        raise RuntimeError("optimizer step exploded")

@@ -10,7 +10,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from mpi_ps_common import begin, check, run
+from mpi_ps_common import ExplodingSGD, begin, check, run
 from ripples.errors import RipplesError, RipplesTimeoutError
 from ripples.ps.context import make_context
 from ripples.ps.optimizer import PSOptimizer
@@ -50,6 +50,7 @@ def silent_server():
 
 def silent_worker():
     context, worker, _ = begin(1, timeout_s=TIMEOUT)
+    server_side_error_reaches_workers(context)
     ps = vector(context, "bsp")
     for _ in range(2):
         ps.step()
@@ -77,6 +78,18 @@ def silent_worker():
         check(metrics["server_load"][0]["dead"] == [1], f"ASP must log worker 1: {metrics}")
         check(metrics["server_load"][0]["updates"] == 6, "ASP applied both workers' pushes")
         print("silent worker OK", flush=True)
+
+
+def server_side_error_reaches_workers(context):
+    param = torch.nn.Parameter(torch.zeros(4))
+    ps = PSOptimizer(ExplodingSGD([param], lr=1.0), [("v", param)], context, policy="asp",
+                     timeout_s=TIMEOUT)
+    param.grad = torch.ones(4)
+    try:
+        ps.step()
+        check(False, "an optimizer failing on the server must fail the worker's step")
+    except RipplesError as exc:
+        check("optimizer step exploded" in str(exc), f"error must carry the cause: {exc}")
 
 
 run({"server": silent_server, "worker": silent_worker}[sys.argv[1]])
