@@ -4,7 +4,8 @@ Clocks: a worker's clock is the number of pushes it has made. The server keeps o
 per worker; a *round* (BSP, Sync-opt) is the set of pushes made at the same clock.
 
 - ``bsp``: round ``c`` is applied (average of its gradients) once every active worker has
-  pushed at clock ``c``; a pull asking for the state after round ``c`` waits for it.
+  pushed at clock ``c``; a pull asking for the state after round ``c`` waits for it. A
+  worker that has joined is no longer active: later rounds average the remaining pushes.
 - ``asp``: every push is applied on arrival with scale 1; pulls never wait.
 - ``ssp``: applied on arrival; a worker with ``n`` pushes may start its next step only when
   ``n - min_j n_j <= staleness`` over active workers ``j`` (SSP's ``c - min_j c_j <= s``
@@ -14,7 +15,9 @@ per worker; a *round* (BSP, Sync-opt) is the set of pushes made at the same cloc
 - ``consgd``: applied on arrival with the constant scale ``1 / num_workers``, so that
   one pass over all workers moves the model as far as one BSP round.
 - ``syncopt``: ``N + b`` workers; round ``c`` is applied as the average of the first ``N``
-  pushes at clock ``c``; later pushes for a closed round are dropped (and counted).
+  pushes at clock ``c``; later pushes for a closed round are dropped (and counted). A
+  worker whose push was dropped resumes at the servers' current round. With several
+  servers each decides its first ``N`` on its own (as per-variable accumulators do).
 - ``eager``: applied on arrival, scaled by the factor the worker sends, computed from the
   staleness it expects (see ``expected_tau`` and ``eager_factor``).
 """
