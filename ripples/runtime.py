@@ -73,8 +73,12 @@ class Runtime:
         comm = self.world if group == self.world_group else self.cache.lookup(group)
         if len(group) == 1:
             return (comm or self.cache.create(group)), 1
+        start = self.timeline.now() if self.timeline.enabled else 0.0
         decision = agree(self.ctl, group, what, signature, comm is None,
                          self.config.timeout_s, self.config.stall_warning_s, wire)
+        if self.timeline.enabled:  # the control round trip is where a rank waits for peers
+            self.timeline.complete("wait", "wait", start, self.timeline.now() - start,
+                                   {"group": list(group), "for": what})
         if decision.create:
             comm = self.cache.create(group)
         return comm, decision.active

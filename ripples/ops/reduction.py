@@ -35,6 +35,16 @@ def reduce_pairs(runtime, group: Group, pairs: Sequence[Pair], op: ReduceOp,
     natively goes to MPI without a copy; anything else is packed into one fusion buffer
     (prescale folded into the pack, postscale into the unpack).
     """
+    timeline = runtime.timeline
+    start = timeline.now() if timeline.enabled else 0.0
+    _reduce(runtime, group, pairs, op, prescale, postscale, what)
+    if timeline.enabled:
+        nbytes = sum(p[0].numel() * p[0].element_size() for p in pairs)
+        timeline.complete(what, "communication", start, timeline.now() - start,
+                          {"group": list(group), "bytes": nbytes, "tensors": len(pairs)})
+
+
+def _reduce(runtime, group, pairs, op, prescale, postscale, what) -> None:
     dtype = pairs[0][0].dtype
     mpi_operation = mpi_op(op, dtype)
     red_dtype = reduction_dtype(dtype)

@@ -319,13 +319,8 @@ class _DecentralizedOptimizer(_WrappedOptimizer):
     def _run(self, assignments) -> None:
         with self.metrics.waiting():
             for _, group in assignments:
-                start = time.perf_counter()
                 grouped_partial_allreduce_(self._tensors, group)
                 self.metrics.add_group(len(group))
-                self._runtime.timeline.complete(
-                    "p_reduce", "communication", start, time.perf_counter() - start,
-                    {"group": list(group), "bytes": sum(t.numel() * t.element_size()
-                                                        for t in self._tensors)})
 
     def leave(self) -> None:
         """Stop training on this rank: run the groups already assigned to it, get no more."""
