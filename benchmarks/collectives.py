@@ -519,7 +519,8 @@ def header_info(ctx: Context, load_before: Sequence[float]) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(), "machine": platform.machine(), "cores": os.cpu_count(),
         # Open MPI's version string ends in a NUL byte, which would make the text binary.
-        "mpi_library": ripples_runtime.mpi_library().replace("\0", "").strip(), "mpi4py": __import__("mpi4py").__version__,
+        "mpi_library": ripples_runtime.mpi_library().replace("\0", "").strip(),
+        "mpi4py": __import__("mpi4py").__version__,
         "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version(),
         "world_size": ctx.size, "transparent_hugepage": thp,
         "loadavg_before": [round(x, 2) for x in load_before],
