@@ -27,6 +27,7 @@ class Runtime:
 
     def __init__(self, comm: Optional[MPI.Comm], config: Config):
         from ripples.ops.fusion import FusionQueue
+        from ripples.ops.gpu import NcclCache
 
         if not MPI.Is_initialized():
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
@@ -50,7 +51,9 @@ class Runtime:
         self.cross_rank = self.cross.Get_rank()
         self.cross_size = self.cross.Get_size()
         self.world_group: Group = tuple(range(self.size))
-        self.cache = CommunicatorCache(self.world, config.cache_capacity)
+        self.nccl = NcclCache()
+        self.cache = CommunicatorCache(self.world, config.cache_capacity,
+                                       on_free=self.nccl.drop)
         self.queue = FusionQueue(self)
         self.timeline = make_timeline(config.timeline, self.rank)
         self._closers: List[Callable[[], None]] = []
@@ -92,6 +95,7 @@ class Runtime:
         while self._closers:
             self._closers.pop()()
         self.timeline.close()
+        self.nccl.close()
         self.cache.close()
         for comm in (self.cross, self.local, self.service_comm, self.ctl, self.world):
             comm.Free()

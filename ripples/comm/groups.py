@@ -38,8 +38,9 @@ class CommunicatorCache:
     """Group communicators of one rank, least recently used evicted beyond ``capacity``.
     """
 
-    def __init__(self, world: MPI.Comm, capacity: int):
+    def __init__(self, world: MPI.Comm, capacity: int, on_free=None):
         self._world = world
+        self._on_free = on_free or (lambda group: None)
         self._capacity = capacity
         self._entries: "OrderedDict[Group, MPI.Comm]" = OrderedDict()
         self.created = 0
@@ -63,7 +64,8 @@ class CommunicatorCache:
         self.created += 1
         self._entries[group] = comm
         while len(self._entries) > self._capacity:
-            _, victim = self._entries.popitem(last=False)
+            victim_group, victim = self._entries.popitem(last=False)
+            self._on_free(victim_group)
             victim.Free()
             self.evicted += 1
         return comm
@@ -71,6 +73,7 @@ class CommunicatorCache:
     def discard(self, group: Group) -> None:
         comm = self._entries.pop(group, None)
         if comm is not None:
+            self._on_free(group)
             comm.Free()
 
     def __len__(self) -> int:
@@ -80,6 +83,7 @@ class CommunicatorCache:
         return list(self._entries)
 
     def close(self) -> None:
-        for comm in self._entries.values():
+        for group, comm in self._entries.items():
+            self._on_free(group)
             comm.Free()
         self._entries.clear()

@@ -48,11 +48,11 @@ def mpi_op(op: ReduceOp, dtype: torch.dtype, argument: str = "op"):
 
 
 def as_buffer(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy view of a contiguous CPU tensor's memory (no copy)."""
-    if tensor.device.type != "cpu":
-        raise ValueError(f"tensor on {tensor.device} reached the host MPI path; "
-                         "CUDA tensors need the GPU extra (pip install 'ripples[gpu]')")
+    """A buffer MPI reads without a copy: a numpy view of a contiguous CPU tensor, or the
+    CUDA tensor itself (for CUDA-aware MPI)."""
     tensor = tensor.detach()
+    if tensor.is_cuda:  # CUDA-aware MPI reads device memory via __cuda_array_interface__
+        return tensor.reshape(-1)
     if tensor.dtype is torch.bfloat16:
         tensor = tensor.view(torch.int16)
     elif tensor.dtype is torch.bool:

@@ -28,12 +28,15 @@ class FusionBuffers:
     def __init__(self):
         self._buffers: dict = {}
 
-    def get(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        buffer = self._buffers.get(dtype)
+    def get(self, dtype: torch.dtype, numel: int, device: torch.device = None) -> torch.Tensor:
+        """A 1-D buffer of at least ``numel`` elements (host memory unless ``device``)."""
+        key = (dtype, device)
+        buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < numel:
             capacity = max(1024, 1 << max(numel - 1, 1).bit_length())
-            buffer = _numpy_backed(dtype, capacity)
-            self._buffers[dtype] = buffer
+            buffer = (_numpy_backed(dtype, capacity) if device is None
+                      else torch.empty(capacity, dtype=dtype, device=device))
+            self._buffers[key] = buffer
         return buffer[:numel]
 
 

@@ -14,6 +14,7 @@ from mpi4py import MPI
 from ripples import kernels
 from ripples.comm.groups import Group
 from ripples.comm.mpi import as_buffer, mpi_op, reduction_dtype
+from ripples.ops.gpu import reduce_on_gpu
 from ripples.ops.reduce_ops import ReduceOp
 
 Pair = Tuple[torch.Tensor, torch.Tensor]  # (input, output); the same tensor for in-place
@@ -50,6 +51,11 @@ def _reduce(runtime, group, pairs, op, prescale, postscale, what) -> None:
     red_dtype = reduction_dtype(dtype)
     total = sum(p[0].numel() for p in pairs)
     sig = signature(what, op, dtype, [p[0].shape for p in pairs])
+    if pairs[0][0].is_cuda:
+        # Joined ranks take part from host memory, which a GPU collective cannot mix with.
+        comm, active = runtime.communicator(group, what, sig + " device=cuda")
+        reduce_on_gpu(runtime, comm, group, pairs, op, active, prescale, postscale, mpi_operation)
+        return
     comm, active = runtime.communicator(group, what, sig,
                                         wire=wire_format(mpi_operation, red_dtype, total))
     post = postscale / active if op is ReduceOp.AVERAGE else postscale
