@@ -116,10 +116,13 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
     generator = torch.Generator().manual_seed(seed + rank)
     bar = _progress_bar(f"{sync:>9}", seconds) if progress and rank == 0 else None
     curve, time_to_target = [], None
+    # Schedules computed without communication cannot let a rank leave early: with them all
+    # ranks stop at one agreed step (the slowest clock, compared every 10 steps).
+    stop_together = sync == "adpsgd" or schedule in ("static", "random")
     hvd.barrier()
     start = time.perf_counter()
     step = 0
-    while time.perf_counter() - start < seconds:
+    while not _time_is_up(time.perf_counter() - start, seconds, step, stop_together):
         index = torch.randint(len(shard_x), (batch,), generator=generator)
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(shard_x[index]), shard_y[index]).backward()
@@ -149,6 +152,15 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
         wait_s=[s[1] for s in stats], time_to_target_s=time_to_target,
         averaged_accuracy=accuracy(model, data.x_test, data.y_test),
         worst_accuracy=min(s[2] for s in stats), consensus_distance=distance, curve=curve)
+
+
+def _time_is_up(elapsed: float, seconds: float, step: int, together: bool) -> bool:
+    if not together:
+        return elapsed >= seconds
+    if step % 10:
+        return False
+    slowest = hvd.allreduce(torch.tensor([elapsed]), op=hvd.Max)
+    return slowest.item() >= seconds
 
 
 def _progress_bar(label: str, seconds: float):

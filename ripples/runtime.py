@@ -134,4 +134,4 @@ def shutdown() -> None:
 
 def mpi_library() -> str:
     """First line of the MPI library's version string (which MPI is in use)."""
-    return MPI.Get_library_version().splitlines()[0].strip()
+    return MPI.Get_library_version().rstrip("\0").splitlines()[0].strip()

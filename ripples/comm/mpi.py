@@ -7,6 +7,7 @@ when nothing is reduced; reductions of float16/bfloat16 run in a float32 buffer.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Callable, Sequence
 
@@ -86,23 +87,29 @@ class Deadline:
             log.warning("%s: still waiting after %.0f s", self.describe(), elapsed)
 
 
-def wait_all(requests: Sequence[MPI.Request], deadline: Deadline,
-             on_wait: Callable[[], None] | None = None) -> None:
+def wait_all(requests: Sequence[MPI.Request], deadline: Deadline) -> None:
     """Poll ``requests`` until all complete or the deadline passes.
 
-    Spins briefly (a shared-memory round trip takes microseconds), then backs off to short
-    sleeps so that oversubscribed ranks leave the core to the peers they wait for.
+    Spins for a moment (a shared-memory round trip takes microseconds), then yields the
+    core between polls so that oversubscribed ranks let the peers they wait for run, and
+    after a few milliseconds sleeps in short naps; the deadline is checked throughout.
     """
     if MPI.Request.Testall(requests):
         return
-    spins = 0
+    start = time.perf_counter()
     pause = 0.0
     while not MPI.Request.Testall(requests):
-        spins += 1
-        if spins < 200:
+        waited = time.perf_counter() - start
+        if waited < _SPIN_S:
             continue
         deadline.check()
-        if on_wait is not None:
-            on_wait()
-        pause = min(1e-3, pause * 2 or 2e-5)
-        time.sleep(pause)
+        if waited < _YIELD_S:
+            os.sched_yield()
+        else:
+            pause = min(_MAX_NAP_S, pause * 2 or 2e-5)
+            time.sleep(pause)
+
+
+_SPIN_S = 100e-6
+_YIELD_S = 5e-3
+_MAX_NAP_S = 2e-4

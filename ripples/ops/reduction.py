@@ -5,6 +5,7 @@ do Partial All-Reduce and the decentralized optimizer's parameter averaging.
 """
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import List, Sequence, Tuple
 
@@ -22,6 +23,11 @@ Pair = Tuple[torch.Tensor, torch.Tensor]  # (input, output); the same tensor for
 
 def signature(what: str, op: ReduceOp, dtype: torch.dtype, shapes: Sequence[torch.Size]) -> str:
     """A short text that must be equal on all members: op, dtype and every shape."""
+    return _signature(what, op, dtype, tuple(shapes))
+
+
+@functools.lru_cache(maxsize=4096)  # training repeats the same few calls every step
+def _signature(what: str, op: ReduceOp, dtype: torch.dtype, shapes: tuple) -> str:
     text = f"{what} op={op} dtype={str(dtype)[6:]} shapes={[tuple(s) for s in shapes]}"
     if len(text) > 300:
         text = f"{text[:260]}... crc={zlib.crc32(text.encode()):08x}"
@@ -84,7 +90,7 @@ def _reduce_one(comm, source: torch.Tensor, target: torch.Tensor, operation, gro
 
 def wire_format(operation, dtype: torch.dtype, numel: int) -> str:
     """What a joined rank needs to take part in this all-reduce: op, dtype, element count."""
-    name = next(n for n, o in _OP_NAMES.items() if o == operation)
+    name = next(n for n, o in _OP_NAMES.items() if o is operation or o == operation)
     return f"{name}:{str(dtype)[6:]}:{numel}"
 
 
