@@ -5,7 +5,9 @@
 For each scenario (homogeneous; one 5x-slow worker; random 5x slowdowns with p = 0.1) one
 MPI job of ``--np`` ranks trains the same model (an MLP on scikit-learn's digits), data,
 seed and wall-clock budget in every mode: ``allreduce``, ``ripples`` with the static,
-random and generator schedules, and ``adpsgd``. Compute is EMULATED: each step is padded to
+random and generator schedules, and ``adpsgd``; then PyTorch DDP (gloo) as an outside
+reference (its "wait" is the whole backward pass, which contains its all-reduce; Horovod is
+not installable next to torch >= 2.1). Compute is EMULATED: each step is padded to
 ``--compute-ms`` (sleep) so that 8 ranks on 2 cores measure synchronization, not CPU
 contention. Ratios are against ``allreduce`` in the same job.
 """
@@ -66,9 +68,73 @@ def worker(args) -> None:
         })
         if hvd.rank() == 0:
             print(f"  {args.scenario}: {result.mode} done", file=sys.stderr, flush=True)
+    rows.append(train_ddp(data, args))
     if hvd.rank() == 0:
         Path(args.out).write_text(json.dumps(rows))
     hvd.shutdown()
+
+
+def train_ddp(data, args) -> dict:
+    """The same model, data and budget with PyTorch DDP over gloo: an outside reference."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    import ripples.torch as hvd
+    from ripples.demo import accuracy, make_model
+    from ripples.heterogeneity import SlowdownInjector
+    from ripples.runtime import current
+
+    if not dist.is_available():
+        return {"mode": "ddp (gloo)", "note": "torch.distributed not available"}
+    rank, size = hvd.rank(), hvd.size()
+    port = None
+    if rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    port = hvd.broadcast_object(port, 0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size)
+    model = make_model(data.x_train.shape[1], data.classes, args.seed)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    injector = SlowdownInjector.from_config(current().config, rank, size)
+    shard_x, shard_y = data.x_train[rank::size], data.y_train[rank::size]
+    generator = torch.Generator().manual_seed(args.seed + rank)
+    curve_hit, steps, wait = None, 0, 0.0
+    hvd.barrier()
+    start = time.perf_counter()
+    while True:
+        if steps % 10 == 0:  # DDP needs equal step counts: stop on the slowest clock
+            elapsed = torch.tensor([time.perf_counter() - start])
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            if elapsed.item() >= args.seconds:
+                break
+        index = torch.randint(len(shard_x), (args.batch,), generator=generator)
+        optimizer.zero_grad()
+        began = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(ddp(shard_x[index]), shard_y[index])
+        injector.finish_step(time.perf_counter() - began)  # pad/slow before the all-reduce
+        began = time.perf_counter()
+        loss.backward()  # DDP all-reduces gradients here
+        wait += time.perf_counter() - began
+        optimizer.step()
+        steps += 1
+        if rank == 0 and curve_hit is None and steps % 5 == 0:
+            if accuracy(model, data.x_test, data.y_test) >= args.target:
+                curve_hit = time.perf_counter() - start
+    wall = time.perf_counter() - start
+    acc = accuracy(model, data.x_test, data.y_test)
+    dist.destroy_process_group()
+    stats = hvd.allgather_object((steps, wait))
+    return {"mode": "ddp (gloo)", "wall_s": wall, "steps_per_s": sum(s[0] for s in stats) / wall,
+            "samples_per_s": sum(s[0] for s in stats) * args.batch / wall,
+            "steps_min": min(s[0] for s in stats), "steps_max": max(s[0] for s in stats),
+            "time_to_target_s": curve_hit, "averaged_accuracy": acc, "worst_accuracy": acc,
+            "consensus_distance": 0.0,
+            "wait_share": sum(s[1] for s in stats) / (len(stats) * wall)}
 
 
 def launch(args, scenario: str, out: str) -> None:
@@ -81,7 +147,7 @@ def launch(args, scenario: str, out: str) -> None:
            "--seed", str(args.seed)]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_NUM_THREADS="1")
-    subprocess.run(cmd, check=True, env=env, timeout=60 + 3 * args.seconds * len(MODES))
+    subprocess.run(cmd, check=True, env=env, timeout=60 + 3 * args.seconds * (len(MODES) + 1))
 
 
 def table(scenario: str, rows, ceiling: float) -> str:
@@ -90,6 +156,9 @@ def table(scenario: str, rows, ceiling: float) -> str:
              f"{'mode':<20} {'steps/s':>8} {'x allred':>8} {'of ceil':>7} {'t->tgt(s)':>9} "
              f"{'x allred':>8} {'avg acc':>7} {'worst':>6} {'consensus':>9} {'wait':>5}"]
     for row in rows:
+        if "steps_per_s" not in row:
+            lines.append(f"{row['mode']:<20} {row.get('note', 'not run')}")
+            continue
         ttt = row["time_to_target_s"]
         speed = (base["time_to_target_s"] / ttt if ttt and base["time_to_target_s"] else None)
         lines.append(

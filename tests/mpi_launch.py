@@ -48,12 +48,13 @@ def mpi_env(extra: dict | None = None) -> dict:
 
 
 def run_mpi(argv: list[str], nprocs: int, timeout: float = 180, env: dict | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
+            check: bool = True, mpiexec_args=()) -> subprocess.CompletedProcess:
     """Run ``argv`` (a command after ``mpiexec -n nprocs``) and return the finished process.
 
     With ``check`` a non-zero exit fails the calling test and shows the output.
     """
-    cmd = [find_mpiexec(), "-n", str(nprocs), "--oversubscribe", "--bind-to", "none", *argv]
+    cmd = [find_mpiexec(), "-n", str(nprocs), "--oversubscribe", "--bind-to", "none",
+           *mpiexec_args, *argv]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=mpi_env(env), cwd=str(REPO_DIR), start_new_session=True)
     try:

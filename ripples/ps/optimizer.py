@@ -7,13 +7,14 @@ from typing import Dict, List, Optional
 import torch
 
 from ..errors import MismatchError, RipplesError
+from ..optim_wrapper import OptimizerWrapper
 from . import placement as placement_mod
 from . import policies
 from .context import PSContext
 from .transport import from_wire, to_wire, wire_nbytes
 
 
-class PSOptimizer:
+class PSOptimizer(OptimizerWrapper):
     """Train through parameter servers: ``loss.backward(); opt.step()``.
 
     Wraps ``optimizer`` (its ``param_groups``, ``state_dict``, ``load_state_dict`` and
@@ -103,20 +104,6 @@ class PSOptimizer:
         self.groups = groups
         if self.controller is not None and not callable(self.controller):
             raise TypeError("controller must be None or a callable controller(ps_optimizer)")
-
-    # -- pass-through ----------------------------------------------------------------------
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    def state_dict(self):
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict):
-        return self.optimizer.load_state_dict(state_dict)
-
-    def zero_grad(self, set_to_none: bool = True):
-        return self.optimizer.zero_grad(set_to_none=set_to_none)
 
     # -- training ------------------------------------------------------------------------
     def step(self, closure=None):

@@ -19,6 +19,7 @@ import torch
 from ripples import runtime as _runtime
 from ripples.heterogeneity import SlowdownInjector
 from ripples.metrics import RankMetrics
+from ripples.optim_wrapper import OptimizerWrapper
 from ripples.ops.collectives import (allgather_object, allreduce_async_, grouped_allreduce_,
                                      synchronize)
 from ripples.ops.partial import grouped_partial_allreduce_
@@ -125,8 +126,8 @@ def _check_same_model(named) -> None:
                              "build the same model before DistributedOptimizer")
 
 
-class _WrappedOptimizer:
-    """Composition over the user's optimizer: its attributes pass through."""
+class _WrappedOptimizer(OptimizerWrapper):
+    """The user's optimizer plus what every mode records: metrics, slowdown, timeline."""
 
     def __init__(self, optimizer, named):
         self.optimizer = optimizer
@@ -138,31 +139,6 @@ class _WrappedOptimizer:
         self._step_end = time.perf_counter()
         if rt.config.metrics_path:
             rt.at_shutdown(lambda: self.metrics.write_json(rt.config.metrics_path))
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @property
-    def defaults(self):
-        return self.optimizer.defaults
-
-    def state_dict(self):
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict):
-        return self.optimizer.load_state_dict(state_dict)
-
-    def zero_grad(self, set_to_none: bool = True):
-        return self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def add_param_group(self, param_group):
-        raise NotImplementedError("add_param_group after wrapping is not supported: wrap an "
-                                  "optimizer that already has all its parameter groups")
 
     def _finish_compute(self) -> None:
         """Close the compute phase of a step: emulated compute and injected slowdown."""

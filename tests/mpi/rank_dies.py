@@ -1,0 +1,36 @@
+"""A rank dies in the middle of decentralized training (run by tests/test_rank_death_mpi.py).
+
+Usage: rank_dies.py SYNC SCHEDULE. Rank 1 exits abruptly at step 5; the survivors must end
+with RipplesTimeoutError naming the missing rank, within the configured timeout.
+"""
+import os
+import sys
+import time
+
+import torch
+
+import ripples.torch as hvd
+from ripples.errors import RipplesTimeoutError
+
+sync, schedule = sys.argv[1], (sys.argv[2] if sys.argv[2] != "-" else None)
+hvd.init()
+model = torch.nn.Linear(8, 2)
+kwargs = {} if sync == "allreduce" else {"schedule": schedule, "group_size": 2}
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters(), sync=sync, **kwargs)
+start = None
+try:
+    for step in range(1000):
+        if hvd.rank() == 1 and step == 5:
+            os._exit(3)
+        if step == 5:
+            start = time.monotonic()
+        opt.zero_grad()
+        model(torch.ones(4, 8)).sum().backward()
+        opt.step()
+        time.sleep(0.005)
+except RipplesTimeoutError as exc:
+    print(f"rank {hvd.rank()} SURVIVOR-ERROR after {time.monotonic() - start:.1f}s: {exc}", flush=True)
+    os._exit(0)
+print(f"rank {hvd.rank()} finished without noticing", flush=True)
+os._exit(0)
