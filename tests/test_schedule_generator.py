@@ -171,9 +171,15 @@ def test_ready_policy_keeps_fast_workers_free_of_a_slow_one():
         assert_consistent(results[policy].executed)
     assert results["ready"].throughput >= 0.85 * ceiling
     assert results["all"].throughput <= 0.3 * ceiling
-    # the slow worker still averages with others, never drifting alone for long
+    # the slow worker still averages with others, never alone for more than max_isolation
+    # (default 2) groups in a row
     slow = results["ready"].executed[7]
-    assert all(len(g) >= 2 for _, g in slow)
+    longest, run_ = 0, 0
+    for _, g in slow:
+        run_ = run_ + 1 if len(g) == 1 else 0
+        longest = max(longest, run_)
+    assert longest <= 2
+    assert sum(len(g) >= 2 for _, g in slow) >= 0.5 * len(slow)
 
 
 @pytest.mark.parametrize("group_size", [2, 4])

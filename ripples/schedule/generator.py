@@ -69,13 +69,16 @@ class GroupGenerator:
         batch: groups handed out per request (and divisions made at once), >= 1.
         max_isolation: divisions in a row a worker may be alone before it must wait for
             company (``"ready"`` only), >= 0.
-        window_fraction, max_wait_s, first_wait_s: the wait window of ``"ready"``.
+        window_fraction, max_wait_s, first_wait_s: the wait window of ``"ready"``. The
+            default 0.1 was chosen in simulation (8 workers, 50 ms steps, each step 5x slow
+            with p = 0.1): 0.5 reached 72% of the throughput ceiling with groups of 3.6 on
+            average, 0.1 reached 90% with groups of 2.9.
         ema_alpha: weight of the newest request interval in the speed EMA, in (0, 1].
         clock: time source in seconds (``time.monotonic``; a simulator passes its own).
     """
 
     def __init__(self, size: int, group_size: int, seed: int = 0, policy: str = "ready",
-                 batch: int = 1, max_isolation: int = 2, window_fraction: float = 0.5,
+                 batch: int = 1, max_isolation: int = 2, window_fraction: float = 0.1,
                  max_wait_s: float = 1.0, first_wait_s: float = 0.2, ema_alpha: float = 0.3,
                  clock: Callable[[], float] = time.monotonic):
         check_int("size", size, low=1)

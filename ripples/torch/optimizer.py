@@ -284,7 +284,9 @@ class _DecentralizedOptimizer(_WrappedOptimizer):
         result = self.optimizer.step(closure)
         self._steps += 1
         if self._steps % self._sync_every == 0:
-            self._run(self.schedule.groups_for_step(self._syncs))
+            with self.metrics.waiting():  # asking the generator is waiting too
+                assignments = self.schedule.groups_for_step(self._syncs)
+            self._run(assignments)
             self._syncs += 1
         self._end_step()
         return result
