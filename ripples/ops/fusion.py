@@ -22,8 +22,9 @@ class FusionBuffers:
     """One reusable buffer per (dtype, device), grown by doubling.
 
     Host buffers of 2 MiB and more are mapped anonymously and advised onto transparent huge
-    pages: MPI's shared-memory copies then touch far fewer pages (measured here at 4 ranks,
-    a 4 MiB all-reduce: 2.0x faster than on torch-allocated memory).
+    pages, so MPI's shared-memory copies touch fewer pages (a 4 MiB all-reduce at 4 ranks:
+    2.0x faster than on torch-allocated memory in one run under load, no difference in
+    quieter runs; see benchmarks/results/collectives_np*.txt).
     """
 
     def __init__(self):
