@@ -63,7 +63,7 @@ class Runtime:
         if config.verbose:
             log.warning("ripples rank %d/%d (local %d/%d, node %d/%d), MPI: %s", self.rank,
                         self.size, self.local_rank, self.local_size, self.cross_rank,
-                        self.cross_size, MPI.Get_library_version().splitlines()[0])
+                        self.cross_size, mpi_library())
 
     def communicator(self, group: Group, what: str, signature: str,
                      wire: str = "") -> Tuple[MPI.Comm, int]:
