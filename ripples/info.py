@@ -63,7 +63,9 @@ def _mpi(info: Dict[str, str], wheel_files: Set[str]) -> None:
     import mpi4py
     info["mpi4py"] = mpi4py.__version__
     from mpi4py import MPI  # initializes MPI as a singleton when not launched by mpiexec
-    info["MPI library"] = MPI.Get_library_version().strip().splitlines()[0].strip()
+
+    from ripples.runtime import mpi_library
+    info["MPI library"] = mpi_library()
     info["MPI standard"] = "%d.%d" % MPI.Get_version()
     libmpi = _loaded_libmpi()
     info["libmpi"] = f"{libmpi} ({_origin(libmpi, wheel_files)})" if libmpi else "unknown"

@@ -13,7 +13,9 @@ def run_info(*args):
 
 
 def library_line():
-    code = "from mpi4py import MPI; print(MPI.Get_library_version().strip().splitlines()[0])"
+    # Open MPI ends its version string with a NUL byte; the report must not carry it.
+    code = ("from mpi4py import MPI; "
+            "print(MPI.Get_library_version().replace(chr(0), '').strip().splitlines()[0])")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True).stdout.strip()
 
