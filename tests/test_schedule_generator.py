@@ -93,10 +93,27 @@ def test_isolated_worker_is_forced_into_the_next_division():
     gen.request(0)
     assert gen.poll() == {0: [(0, (0,))]}  # nobody else ready by its deadline: alone once
     gen.request(0)
-    now[0] = 5.0
-    assert gen.poll() == {} and gen.next_deadline() is None  # must wait for company now
+    now[0] = 0.5
+    assert gen.poll() == {}  # must wait for company now, at most company_wait_s (1.0)
+    assert gen.next_deadline() == pytest.approx(1.0)
     gen.request(1)
     assert gen.poll() == {0: [(1, (0, 1))], 1: [(1, (0, 1))]}
+
+
+def test_wait_for_company_is_bounded():
+    """Others may be blocked on something the generator cannot see: after company_wait_s
+    the isolated worker gets a group of itself rather than waiting forever."""
+    now = [0.0]
+    gen = GroupGenerator(2, 2, seed=0, policy="ready", max_isolation=1, first_wait_s=0.0,
+                         company_wait_s=2.0, clock=lambda: now[0])
+    gen.request(0)
+    assert gen.poll() == {0: [(0, (0,))]}
+    now[0] = 10.0
+    gen.request(0)
+    now[0] = 11.9
+    assert gen.poll() == {}
+    now[0] = 12.0
+    assert gen.poll() == {0: [(1, (0,))]}
 
 
 def test_left_worker_is_never_assigned_again():

