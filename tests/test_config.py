@@ -1,0 +1,50 @@
+"""Config: explicit arguments > RIPPLES_* environment > defaults, validated."""
+import warnings
+
+import pytest
+
+from ripples.config import Config
+
+
+def test_defaults():
+    config = Config.load(environ={})
+    assert config.timeout_s == 60.0 and config.cache_capacity == 64
+    assert config.fusion_threshold_bytes == 64 * 1024 * 1024 and config.verbose is False
+
+
+def test_environment_overrides_defaults_and_arguments_override_environment():
+    environ = {"RIPPLES_TIMEOUT_S": "5", "RIPPLES_VERBOSE": "yes", "RIPPLES_SLOWDOWN": "7:5",
+               "RIPPLES_CACHE_CAPACITY": "8"}
+    config = Config.load(environ=environ, cache_capacity=3)
+    assert config.timeout_s == 5.0 and config.verbose is True and config.slowdown == "7:5"
+    assert config.cache_capacity == 3
+
+
+def test_unknown_ripples_variable_warns_and_test_switches_do_not():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Config.load(environ={"RIPPLES_TIMEOUTS": "5", "RIPPLES_TEST_GPU": "1", "OTHER": "x"})
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "RIPPLES_TIMEOUTS" in messages[0]
+    assert "RIPPLES_TIMEOUT_S" in messages[0]  # the valid names are listed
+
+
+@pytest.mark.parametrize("environ,match", [
+    ({"RIPPLES_TIMEOUT_S": "soon"}, "RIPPLES_TIMEOUT_S='soon' is not a valid float"),
+    ({"RIPPLES_VERBOSE": "maybe"}, "RIPPLES_VERBOSE='maybe' is not a valid bool"),
+    ({"RIPPLES_TIMEOUT_S": "0"}, "timeout_s must be a positive"),
+    ({"RIPPLES_CACHE_CAPACITY": "0"}, "cache_capacity must be an integer >= 1"),
+])
+def test_bad_values_name_the_setting(environ, match):
+    with pytest.raises(ValueError, match=match):
+        Config.load(environ=environ)
+
+
+def test_unknown_argument_lists_valid_settings():
+    with pytest.raises(TypeError, match="no setting 'timeout'.*timeout_s"):
+        Config.load(environ={}, timeout=3)
+
+
+def test_config_is_frozen():
+    with pytest.raises(Exception):
+        Config().timeout_s = 1
