@@ -55,7 +55,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step: int = 1, op=ReduceOp.AVERAGE,
                          gradient_predivide_factor: float = 1.0,
                          process_set=global_process_set, sync="allreduce", schedule=None,
-                         group_size: int = 4, sync_every: int = 1, model=None, **ps_options):
+                         group_size: int = 4, sync_every: int = 1, model=None, **options):
     """Wrap ``optimizer`` so that replicas on all ranks train one model.
 
     Horovod's arguments keep Horovod's meaning. ripples adds:
@@ -67,7 +67,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     sync_every: P-Reduce every this many local steps.
     model: the ``torch.nn.Module``, so that its floating buffers (BatchNorm statistics) are
         averaged with the parameters in decentralized modes.
-    ps_options: ``policy``, ``staleness`` and the other options of the parameter-server mode.
+    options: for ``"ps"``: ``policy``, ``staleness`` and the other options of the
+        parameter-server mode; for ``"ripples"`` with the generator: ``policy`` is its Group
+        Division policy, ``"ready"`` (default) or ``"all"``.
 
     Every rank must wrap a model of the same parameter names, shapes and dtypes; otherwise
     a ``ValueError`` naming the first differing rank is raised on every rank.
@@ -83,18 +85,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                              "RIPPLES_PS_SERVERS=K or ripplesrun --ps-servers K")
         from ripples.ps.optimizer import PSOptimizer
         _check_same_model(named)
-        wrapped = PSOptimizer(optimizer, named, rt.ps, timeout_s=rt.config.timeout_s, **ps_options)
+        wrapped = PSOptimizer(optimizer, named, rt.ps, timeout_s=rt.config.timeout_s, **options)
         rt.join_hooks.append(wrapped.join)
         return wrapped
-    if ps_options:
-        raise TypeError(f"unexpected arguments {sorted(ps_options)} for sync={mode.value!r}")
+    division = options.pop("policy", "ready") if mode is Sync.RIPPLES else "ready"
+    if options:
+        raise TypeError(f"unexpected arguments {sorted(options)} for sync={mode.value!r}")
     _check_same_model(named)
     if mode is Sync.ALLREDUCE:
         return _AllreduceOptimizer(optimizer, named, compression, backward_passes_per_step,
                                    check_op(op), gradient_predivide_factor, process_set)
     if sync_every < 1:
         raise ValueError(f"sync_every must be >= 1, got {sync_every}")
-    return _DecentralizedOptimizer(optimizer, named, mode, schedule, group_size, sync_every, model)
+    return _DecentralizedOptimizer(optimizer, named, mode, schedule, group_size, sync_every, model,
+                                   division)
 
 
 def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tensor]]:
@@ -246,11 +250,12 @@ def averaged_tensors(named, model) -> List[torch.Tensor]:
 class _DecentralizedOptimizer(_WrappedOptimizer):
     """Local step, then a P-Reduce of parameters over the schedule's group."""
 
-    def __init__(self, optimizer, named, mode, schedule, group_size, sync_every, model):
+    def __init__(self, optimizer, named, mode, schedule, group_size, sync_every, model,
+                 division):
         super().__init__(optimizer, named)
         rt = self._runtime
         self.mode = mode
-        self.schedule = self._make_schedule(rt, mode, schedule, group_size)
+        self.schedule = self._make_schedule(rt, mode, schedule, group_size, division)
         self._tensors = averaged_tensors(named, model)
         self._sync_every = sync_every
         self._steps = 0
@@ -260,7 +265,7 @@ class _DecentralizedOptimizer(_WrappedOptimizer):
         rt.at_shutdown(self.close)
 
     @staticmethod
-    def _make_schedule(rt, mode, schedule, group_size) -> Schedule:
+    def _make_schedule(rt, mode, schedule, group_size, division) -> Schedule:
         if isinstance(schedule, Schedule):
             return schedule
         if mode is Sync.ADPSGD:
@@ -275,7 +280,7 @@ class _DecentralizedOptimizer(_WrappedOptimizer):
         size = min(group_size, rt.size)
         return make_schedule(kind, rank=rt.rank, size=rt.size, local_size=rt.local_size,
                              group_size=size, seed=rt.config.seed, comm=rt.service_comm,
-                             timeout_s=rt.config.timeout_s)
+                             timeout_s=rt.config.timeout_s, policy=division)
 
     def step(self, closure=None):
         if self._left:

@@ -64,15 +64,16 @@ def test_skip_synchronize_and_fp16_compression():
         opt.step()
 
 
-@pytest.mark.parametrize("sync,schedule", [("ripples", "static"), ("ripples", "random"),
-                                           ("ripples", "generator"), ("adpsgd", None)])
-def test_preduce_preserves_the_sum_of_local_steps(sync, schedule):
+@pytest.mark.parametrize("sync,schedule,options", [
+    ("ripples", "static", {}), ("ripples", "random", {}), ("ripples", "generator", {}),
+    ("ripples", "generator", {"policy": "all"}), ("adpsgd", None, {})])
+def test_preduce_preserves_the_sum_of_local_steps(sync, schedule, options):
     """Plain SGD: after each step, sum over ranks of parameters equals the sum of what the
     local steps alone would give (P-Reduce preserves the mean)."""
     model = make_model(seed=R)  # different replicas, to make averaging visible
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                    named_parameters=model.named_parameters(), sync=sync,
-                                   schedule=schedule, group_size=2, model=model)
+                                   schedule=schedule, group_size=2, model=model, **options)
     x, y = digits()
     for step in range(6):
         mine = slice((step * N + R) * 8, (step * N + R + 1) * 8)
