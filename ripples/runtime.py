@@ -74,8 +74,8 @@ class Runtime:
         communicator when any member lacks it.
         """
         comm = self.world if group == self.world_group else self.cache.lookup(group)
-        if len(group) == 1:
-            return (comm or self.cache.create(group)), 1
+        if len(group) == 1:  # a group of one communicates with nobody: no communicator
+            return comm, 1
         start = self.timeline.now() if self.timeline.enabled else 0.0
         decision = agree(self.ctl, group, what, signature, comm is None,
                          self.config.timeout_s, self.config.stall_warning_s, wire)

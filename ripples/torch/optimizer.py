@@ -91,7 +91,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     division = options.pop("policy", "ready") if mode is Sync.RIPPLES else "ready"
     if options:
         raise TypeError(f"unexpected arguments {sorted(options)} for sync={mode.value!r}")
-    _check_same_model(named)
+    _check_same_model(named, process_set if mode is Sync.ALLREDUCE else global_process_set)
     if mode is Sync.ALLREDUCE:
         return _AllreduceOptimizer(optimizer, named, compression, backward_passes_per_step,
                                    check_op(op), gradient_predivide_factor, process_set)
@@ -117,10 +117,10 @@ def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tens
     return [(n, p) for n, p in named if p.requires_grad]
 
 
-def _check_same_model(named) -> None:
-    """Compare parameter names, shapes and dtypes across ranks (one collective)."""
+def _check_same_model(named, process_set=global_process_set) -> None:
+    """Compare parameter names, shapes and dtypes across the ranks (one collective)."""
     mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
-    everyone = allgather_object(mine)
+    everyone = allgather_object(mine, process_set=process_set)
     for rank, theirs in enumerate(everyone):
         if theirs != everyone[0]:
             diff = next((a, b) for a, b in zip(everyone[0] + [None] * len(theirs),
