@@ -38,7 +38,8 @@ def reduce_pairs(runtime, group: Group, pairs: Sequence[Pair], op: ReduceOp,
                  prescale: float = 1.0, postscale: float = 1.0, what: str = "allreduce") -> None:
     """All-reduce ``pairs`` (inputs into outputs) over ``group``; all share one dtype.
 
-    Average divides by the group size. A single contiguous tensor of a dtype MPI reduces
+    Average divides by the number of members contributing (all of them unless some have
+    joined). A single contiguous tensor of a dtype MPI reduces
     natively goes to MPI without a copy; anything else is packed into one fusion buffer
     (prescale folded into the pack, postscale into the unpack).
     """
