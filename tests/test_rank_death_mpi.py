@@ -44,5 +44,7 @@ def test_generator_survivors_carry_on_or_name_the_dead_rank():
 def test_default_open_mpi_ends_the_whole_job_promptly():
     result, elapsed = run("ripples", "static", recovery=False)
     assert result.returncode != 0
-    assert "exited with non-zero status" in result.stdout or "exit" in result.stdout.lower()
+    # Open MPI names the dead process (rank 1 of the job) and its exit code
+    assert "exited with non-zero status" in result.stdout
+    assert re.search(r"@\d+,1\]", result.stdout) and re.search(r"Exit code:\s+3", result.stdout)
     assert elapsed < 60
