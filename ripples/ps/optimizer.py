@@ -52,7 +52,7 @@ class PSOptimizer(OptimizerWrapper):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         if not isinstance(context, PSContext) or context.worker < 0:
             raise TypeError("context must be the worker PSContext returned by ripples.ps.start")
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         self.context = context
         self.channel = context.channel
         self.worker = context.worker

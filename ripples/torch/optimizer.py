@@ -134,7 +134,7 @@ class _WrappedOptimizer(OptimizerWrapper):
     """The user's optimizer plus what every mode records: metrics, slowdown, timeline."""
 
     def __init__(self, optimizer, named):
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         self._named = named
         rt = _runtime.current()
         self._runtime = rt
