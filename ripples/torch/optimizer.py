@@ -1,32 +1,35 @@
-"""``DistributedOptimizer``: Horovod's wrapper, plus decentralized modes.
+"""``DistributedOptimizer``: Horovod's wrapper, plus decentralized and parameter-server modes.
 
-``sync="allreduce"`` (default) is Horovod: gradients are averaged over all ranks every
-step, their all-reduces queued from gradient hooks during backward and fused.
-``sync="ripples"`` is decentralized training: a local optimizer step, then every
-``sync_every`` steps one fused Partial All-Reduce of the parameters (and of the model's
-floating-point buffers, e.g. BatchNorm statistics, when ``model=`` is given) over the group
-the schedule gives. Optimizer state (momentum) stays local. ``sync="adpsgd"`` is the AD-PSGD
-baseline on the same path (pairs, active/passive split).
+This module checks the arguments and picks the mode; each mode lives in its own module:
+
+- ``sync="allreduce"`` (default, ``allreduce_optimizer``): Horovod. Gradients are averaged
+  over the process set before every step, each all-reduce named after its parameter.
+- ``sync="ripples"`` / ``"adpsgd"`` (``decentralized_optimizer``): a local step, then every
+  ``sync_every`` steps a Partial All-Reduce of the parameters (and of the model's floating
+  buffers when ``model=`` is given) over the group the schedule gives.
+- ``sync="ps"`` (``ripples.ps.optimizer``): parameter servers.
 """
 from __future__ import annotations
 
 import enum
-import time
-from typing import Iterable, List, Optional, Tuple
+import numbers
+import warnings
+from typing import List, Tuple
 
 import torch
 
 from ripples import runtime as _runtime
-from ripples.heterogeneity import SlowdownInjector
-from ripples.metrics import RankMetrics
-from ripples.optim_wrapper import OptimizerWrapper
-from ripples.ops.collectives import (allgather_object, allreduce_async_, grouped_allreduce_,
-                                     synchronize)
-from ripples.ops.partial import grouped_partial_allreduce_
-from ripples.ops.process_sets import global_process_set
+from ripples.ops.collectives import allgather_object
+from ripples.ops.process_sets import ProcessSet, global_process_set
 from ripples.ops.reduce_ops import ReduceOp, check_op
-from ripples.schedule import Schedule, make_schedule
+from ripples.torch.allreduce_optimizer import AllreduceOptimizer, fusion_units
 from ripples.torch.compression import Compression
+from ripples.torch.decentralized_optimizer import (SCHEDULES, DecentralizedOptimizer,
+                                                   averaged_tensors, make_mode_schedule)
+from ripples.torch.optimizer_base import GradientsPendingError
+
+__all__ = ["DistributedOptimizer", "Sync", "GradientsPendingError", "SCHEDULES",
+           "averaged_tensors"]
 
 
 class Sync(enum.Enum):
@@ -38,7 +41,111 @@ class Sync(enum.Enum):
     PS = "ps"
 
 
-SCHEDULES = ("static", "random", "generator")
+_DEFAULT_GROUP_SIZE = 4
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step: int = 1, op=ReduceOp.AVERAGE,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups=None, sparse_as_dense: bool = False,
+                         process_set=global_process_set, sync="allreduce", schedule=None,
+                         group_size=None, sync_every=None, model=None, **options):
+    """Wrap ``optimizer`` so that replicas on all ranks train one model.
+
+    The result is a ``torch.optim.Optimizer`` sharing ``optimizer``'s ``param_groups`` and
+    ``state`` (LR schedulers and ``GradScaler`` accept it). Construction is collective
+    (over ``process_set`` for ``"allreduce"``, all ranks otherwise): every rank must wrap a
+    model of the same parameter names, shapes and dtypes, or every rank raises a
+    ``ValueError`` naming the first differing rank.
+
+    Horovod's arguments, in Horovod's order and with Horovod's meaning (they apply to
+    ``sync="allreduce"``; other modes warn that they ignore them):
+
+    named_parameters: ``(name, tensor)`` pairs, usually ``model.named_parameters()``. It
+        must name every optimizer parameter (else ``ValueError``); pairs the optimizer does
+        not own are ignored. Default: names from the parameter positions.
+    compression: ``Compression.none``, ``fp16`` or ``bf16``.
+    backward_passes_per_step: backward passes accumulated locally per ``step()``.
+    op: ``Average`` (default) or ``Sum``, ``Min``, ``Max``, ``Product``.
+    gradient_predivide_factor: with ``Average``, divide by it before the sum and multiply
+        after (the result is the same average).
+    num_groups: deprecated alias of an int ``groups``.
+    groups: fusion hint: an int ``k`` (all-reduce the parameters in ``k`` fused groups) or
+        a list of lists of parameters (each list fused). Results do not change.
+    sparse_as_dense: sparse gradients are all-reduced densely either way (and handed back
+        sparse); accepted for Horovod compatibility.
+    process_set: the ranks gradients are averaged over (``"allreduce"`` only).
+
+    Only parameters the optimizer owns and that require grad at wrapping time take part.
+
+    ripples adds:
+
+    sync: ``"allreduce"`` | ``"ripples"`` | ``"adpsgd"`` | ``"ps"`` (or a ``Sync`` member).
+    schedule: for ``"ripples"``: ``"static"``, ``"random"``, ``"generator"`` (default) or a
+        ``ripples.schedule.Schedule`` object.
+    group_size: ranks per group for the random and generator schedules (default 4).
+    sync_every: P-Reduce every this many local steps (default 1).
+    model: the ``torch.nn.Module``, so that its floating buffers (BatchNorm statistics) are
+        averaged with the parameters in decentralized modes.
+    options: for ``"ps"``: ``policy``, ``staleness`` and the other options of the
+        parameter-server mode; for ``"ripples"`` with the generator: ``policy`` is its Group
+        Division policy, ``"ready"`` (default) or ``"all"``.
+
+    Errors: a wrong type raises ``TypeError``, a wrong value ``ValueError``, each naming the
+    argument, on every rank and before any communication.
+    """
+    mode = _choice(Sync, sync, "sync")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    owned = _owned_parameters(optimizer, named_parameters)
+    trainable = [(n, p) for n, p in owned if p.requires_grad]
+    op = check_op(op)
+    _check_horovod_arguments(compression, backward_passes_per_step, op,
+                             gradient_predivide_factor, sparse_as_dense, process_set)
+    groups = _check_groups(num_groups, groups, owned)
+    if sync_every is not None:
+        _check_int("sync_every", sync_every, 1)
+    if group_size is not None:
+        _check_int("group_size", group_size, 1)
+    if mode is not Sync.ALLREDUCE and process_set is not global_process_set:
+        raise ValueError(f"process_set applies to sync='allreduce' only; sync={mode.value!r} "
+                         "runs over all ranks: leave process_set at its default")
+    if mode is Sync.ALLREDUCE:
+        _warn_ignored(mode, schedule=schedule, group_size=group_size, sync_every=sync_every,
+                      model=model)
+    else:
+        _warn_ignored(mode, compression=None if compression is Compression.none else compression,
+                      backward_passes_per_step=None if backward_passes_per_step == 1
+                      else backward_passes_per_step,
+                      op=None if op is ReduceOp.AVERAGE else op,
+                      gradient_predivide_factor=None if gradient_predivide_factor == 1.0
+                      else gradient_predivide_factor,
+                      groups=groups, sparse_as_dense=sparse_as_dense or None)
+
+    if mode is Sync.PS:
+        _warn_ignored(mode, schedule=schedule, group_size=group_size, sync_every=sync_every,
+                      model=model)
+        return _parameter_server(optimizer, owned, options)
+    division = options.pop("policy", "ready") if mode is Sync.RIPPLES else "ready"
+    if options:
+        raise TypeError(f"DistributedOptimizer() got unexpected arguments {sorted(options)} for "
+                        f"sync={mode.value!r}; see the DistributedOptimizer docstring")
+
+    if mode is Sync.ALLREDUCE:
+        units = fusion_units(trainable, groups)
+        _check_same_model(trainable, process_set, [[n for n, _ in unit] for unit in units])
+        return AllreduceOptimizer(optimizer, trainable, compression, backward_passes_per_step,
+                                  op, gradient_predivide_factor, process_set, groups)
+    if mode is Sync.ADPSGD:
+        _warn_ignored(mode, group_size=group_size)
+    rt = _runtime.current()
+    chosen = make_mode_schedule(rt, mode is Sync.ADPSGD, schedule,
+                                _DEFAULT_GROUP_SIZE if group_size is None else group_size,
+                                division)
+    _check_same_model(trainable)
+    return DecentralizedOptimizer(optimizer, trainable, mode, chosen,
+                                  1 if sync_every is None else sync_every, model)
 
 
 def _choice(enum_type, value, argument: str):
@@ -51,75 +158,128 @@ def _choice(enum_type, value, argument: str):
                      f"{[m.value for m in enum_type]}")
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step: int = 1, op=ReduceOp.AVERAGE,
-                         gradient_predivide_factor: float = 1.0,
-                         process_set=global_process_set, sync="allreduce", schedule=None,
-                         group_size: int = 4, sync_every: int = 1, model=None, **options):
-    """Wrap ``optimizer`` so that replicas on all ranks train one model.
-
-    Horovod's arguments keep Horovod's meaning. ripples adds:
-
-    sync: ``"allreduce"`` | ``"ripples"`` | ``"adpsgd"`` | ``"ps"`` (or a ``Sync`` member).
-    schedule: for ``"ripples"``: ``"static"``, ``"random"``, ``"generator"`` (default) or a
-        ``ripples.schedule.Schedule`` object.
-    group_size: ranks per group for the random and generator schedules.
-    sync_every: P-Reduce every this many local steps.
-    model: the ``torch.nn.Module``, so that its floating buffers (BatchNorm statistics) are
-        averaged with the parameters in decentralized modes.
-    options: for ``"ps"``: ``policy``, ``staleness`` and the other options of the
-        parameter-server mode; for ``"ripples"`` with the generator: ``policy`` is its Group
-        Division policy, ``"ready"`` (default) or ``"all"``.
-
-    Every rank must wrap a model of the same parameter names, shapes and dtypes; otherwise
-    a ``ValueError`` naming the first differing rank is raised on every rank.
-    """
-    mode = _choice(Sync, sync, "sync")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    named = _named_parameters(optimizer, named_parameters)
-    if mode is Sync.PS:
-        rt = _runtime.current()
-        if rt.ps is None:
-            raise ValueError("sync='ps' needs parameter servers: init(ps_servers=K), "
-                             "RIPPLES_PS_SERVERS=K or ripplesrun --ps-servers K")
-        from ripples.ps.optimizer import PSOptimizer
-        _check_same_model(named)
-        wrapped = PSOptimizer(optimizer, named, rt.ps, timeout_s=rt.config.timeout_s, **options)
-        rt.join_hooks.append(wrapped.join)
-        return wrapped
-    division = options.pop("policy", "ready") if mode is Sync.RIPPLES else "ready"
-    if options:
-        raise TypeError(f"unexpected arguments {sorted(options)} for sync={mode.value!r}")
-    _check_same_model(named, process_set if mode is Sync.ALLREDUCE else global_process_set)
-    if mode is Sync.ALLREDUCE:
-        return _AllreduceOptimizer(optimizer, named, compression, backward_passes_per_step,
-                                   check_op(op), gradient_predivide_factor, process_set)
-    if sync_every < 1:
-        raise ValueError(f"sync_every must be >= 1, got {sync_every}")
-    return _DecentralizedOptimizer(optimizer, named, mode, schedule, group_size, sync_every, model,
-                                   division)
+def _check_int(argument: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{argument} must be an int >= {low}, got {value!r}")
+    if value < low:
+        raise ValueError(f"{argument} must be >= {low}, got {value}")
 
 
-def _named_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tensor]]:
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+def _owned_parameters(optimizer, named_parameters) -> List[Tuple[str, torch.Tensor]]:
+    """``(name, parameter)`` for every optimizer parameter, in the optimizer's order."""
     if named_parameters is None:
-        return [(f"param.{i}", p) for i, p in enumerate(params)]
+        return [(f"allreduce.noname.{g}.{i}", p)
+                for g, group in enumerate(optimizer.param_groups)
+                for i, p in enumerate(group["params"])]
     named = list(named_parameters)
-    names = [n for n, _ in named]
-    if len(set(names)) != len(names):
-        raise ValueError("named_parameters contains duplicate names")
-    known = {id(p) for _, p in named}
-    missing = [i for i, p in enumerate(params) if id(p) not in known]
+    if not all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+               and isinstance(item[1], torch.Tensor) for item in named):
+        raise ValueError("named_parameters must be a sequence of (name, tensor) tuples, "
+                         "usually model.named_parameters()")
+    seen, duplicates = set(), set()
+    for name, _ in named:
+        (duplicates if name in seen else seen).add(name)
+    if duplicates:
+        raise ValueError(f"named_parameters must have unique names; duplicates: "
+                         f"{sorted(duplicates)}")
+    name_of = {}
+    for name, p in named:
+        name_of.setdefault(id(p), name)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    missing = [i for i, p in enumerate(params) if id(p) not in name_of]
     if missing:
-        raise ValueError(f"named_parameters does not name optimizer parameters at positions "
-                         f"{missing}; pass model.named_parameters() of the optimized model")
-    return [(n, p) for n, p in named if p.requires_grad]
+        raise ValueError(f"named_parameters was given but does not name the optimizer's "
+                         f"parameters at positions {missing}; pass model.named_parameters() "
+                         "of the model the optimizer trains")
+    return [(name_of[id(p)], p) for p in params]
 
 
-def _check_same_model(named, process_set=global_process_set) -> None:
-    """Compare parameter names, shapes and dtypes across the ranks (one collective)."""
+def _check_horovod_arguments(compression, backward_passes_per_step, op, predivide,
+                             sparse_as_dense, process_set) -> None:
+    if not (callable(getattr(compression, "compress", None))
+            and callable(getattr(compression, "decompress", None))):
+        raise TypeError(f"compression must be a compressor such as Compression.none or "
+                        f"Compression.fp16, got {compression!r}")
+    _check_int("backward_passes_per_step", backward_passes_per_step, 1)
+    if isinstance(predivide, bool) or not isinstance(predivide, numbers.Real):
+        raise TypeError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}")
+    if not predivide > 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {predivide}")
+    if predivide != 1.0 and op is not ReduceOp.AVERAGE:
+        raise ValueError(f"gradient_predivide_factor={predivide} needs op=Average (got "
+                         f"op={op.value}); leave the factor at 1.0 with other ops")
+    if not isinstance(sparse_as_dense, bool):
+        raise TypeError(f"sparse_as_dense must be True or False, got {sparse_as_dense!r}")
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be a ProcessSet from add_process_set() or "
+                        f"global_process_set, got {type(process_set).__name__}")
+
+
+def _check_groups(num_groups, groups, owned):
+    """Horovod's ``groups`` (and its deprecated ``num_groups``), validated: None, an int
+    > 0, or a list of lists of the optimizer's parameters, each parameter at most once."""
+    _check_int("num_groups", num_groups, 0)
+    if num_groups:
+        warnings.warn("num_groups is deprecated (as in Horovod); pass groups=num_groups",
+                      DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is None:
+        return None
+    if isinstance(groups, bool) or not isinstance(groups, (numbers.Integral, list)):
+        raise ValueError(f"groups should be a positive int or a list of lists of "
+                         f"torch.Tensor, got {type(groups).__name__}")
+    if isinstance(groups, numbers.Integral):
+        if groups <= 0:
+            raise ValueError(f"groups should be a positive int or a list of lists of "
+                             f"torch.Tensor, got {groups}")
+        return int(groups)
+    owned_ids = {id(p) for _, p in owned}
+    grouped = set()
+    for group in groups:
+        if not isinstance(group, (list, tuple)):
+            raise ValueError("groups must be a list of lists of torch.Tensor, got an element "
+                             f"of type {type(group).__name__}")
+        for p in group:
+            if not isinstance(p, torch.Tensor):
+                raise ValueError(f"groups must consist of torch.Tensor, got "
+                                 f"{type(p).__name__}")
+            if id(p) in grouped:
+                raise ValueError("a parameter can only appear once in groups")
+            if id(p) not in owned_ids:
+                raise ValueError("groups contains a tensor that is not one of the optimizer's "
+                                 "parameters; list only parameters the optimizer trains")
+            grouped.add(id(p))
+    return groups
+
+
+def _warn_ignored(mode: Sync, **given) -> None:
+    for argument, value in given.items():
+        if value is not None:
+            shown = "[...]" if isinstance(value, list) else repr(value)
+            warnings.warn(f"DistributedOptimizer(sync={mode.value!r}) ignores "
+                          f"{argument}={shown}: it applies to other modes only",
+                          UserWarning, stacklevel=3)
+
+
+def _parameter_server(optimizer, owned, options):
+    rt = _runtime.current()
+    if rt.ps is None:
+        raise ValueError("sync='ps' needs parameter servers: init(ps_servers=K), "
+                         "RIPPLES_PS_SERVERS=K or ripplesrun --ps-servers K")
+    from ripples.ps.optimizer import PSOptimizer
+    _check_same_model(owned)
+    wrapped = PSOptimizer(optimizer, owned, rt.ps, timeout_s=rt.config.timeout_s, **options)
+    rt.join_hooks.append(wrapped.join)
+    return wrapped
+
+
+def _check_same_model(named, process_set=global_process_set, extra=None) -> None:
+    """Compare parameter names, shapes and dtypes (and ``extra``, e.g. the fusion plan)
+    across the ranks, in one collective."""
     mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
+    if extra is not None:
+        mine.append(("fusion groups", repr(extra)))
     everyone = allgather_object(mine, process_set=process_set)
     for rank, theirs in enumerate(everyone):
         if theirs != everyone[0]:
@@ -128,189 +288,3 @@ def _check_same_model(named, process_set=global_process_set) -> None:
             raise ValueError(f"rank {rank} wraps a different model than rank 0: first difference "
                              f"{diff[1]} (rank {rank}) vs {diff[0]} (rank 0). Every rank must "
                              "build the same model before DistributedOptimizer")
-
-
-class _WrappedOptimizer(OptimizerWrapper):
-    """The user's optimizer plus what every mode records: metrics, slowdown, timeline."""
-
-    def __init__(self, optimizer, named):
-        super().__init__(optimizer)
-        self._named = named
-        rt = _runtime.current()
-        self._runtime = rt
-        self.metrics = RankMetrics(rt.rank)
-        self._injector = SlowdownInjector.from_config(rt.config, rt.rank, rt.size)
-        self._step_end = time.perf_counter()
-        if rt.config.metrics_path:
-            rt.at_shutdown(lambda: self.metrics.write_json(rt.config.metrics_path))
-
-    def _finish_compute(self) -> None:
-        """Close the compute phase of a step: emulated compute and injected slowdown."""
-        elapsed = time.perf_counter() - self._step_end
-        if self._injector.enabled:
-            start = time.perf_counter()
-            self._injector.finish_step(elapsed)
-            elapsed = time.perf_counter() - self._step_end
-            self._runtime.timeline.complete("slowdown", "compute", start,
-                                            time.perf_counter() - start)
-        self._runtime.timeline.complete("compute", "compute", self._step_end, elapsed)
-
-    def _end_step(self) -> None:
-        self.metrics.add_step()
-        self._step_end = time.perf_counter()
-
-
-class _AllreduceOptimizer(_WrappedOptimizer):
-    """Horovod semantics: average gradients over the process set before every step."""
-
-    def __init__(self, optimizer, named, compression, backward_passes_per_step, op,
-                 predivide, process_set):
-        super().__init__(optimizer, named)
-        if backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-        if predivide <= 0:
-            raise ValueError(f"gradient_predivide_factor must be > 0, got {predivide}")
-        if predivide != 1.0 and op is not ReduceOp.AVERAGE:
-            raise ValueError("gradient_predivide_factor is only defined for op=Average")
-        self._compression = compression
-        self._passes = backward_passes_per_step
-        self._op = op
-        self._prescale = 1.0 / predivide
-        self._postscale = predivide
-        self._process_set = process_set
-        self._delay = {p: backward_passes_per_step for _, p in named}
-        self._handles: dict = {}
-        self._synchronized = False
-        self._skip_sync = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
-
-    def _on_grad(self, param: torch.Tensor) -> None:
-        if param in self._handles:
-            raise RuntimeError("a gradient was computed twice before step(): call step() or "
-                               "synchronize() after each backward, or raise "
-                               "backward_passes_per_step")
-        self._delay[param] -= 1
-        if self._delay[param] == 0:
-            self._handles[param] = self._start(param)
-
-    def _start(self, param):
-        compressed, ctx = self._compression.compress(param.grad)
-        handle = allreduce_async_(compressed, op=self._op, prescale_factor=self._prescale,
-                                  postscale_factor=self._postscale, process_set=self._process_set)
-        return handle, compressed, ctx
-
-    def synchronize(self) -> None:
-        """Finish every gradient all-reduce (parameters without a gradient count as zeros)."""
-        self._finish_compute()
-        for _, param in self._named:
-            if param not in self._handles:
-                if param.grad is None:
-                    param.grad = torch.zeros_like(param)
-                self._handles[param] = self._start(param)
-        with self.metrics.waiting():
-            for param, (handle, compressed, ctx) in self._handles.items():
-                synchronize(handle)
-                if compressed is not param.grad:
-                    param.grad.copy_(self._compression.decompress(compressed, ctx))
-        self._handles.clear()
-        self._delay = {p: self._passes for _, p in self._named}
-        self._synchronized = True
-
-    def skip_synchronize(self):
-        """Context manager: the next ``step()`` inside it does not synchronize again
-        (use after an explicit ``synchronize()``, e.g. for gradient clipping)."""
-        optimizer = self
-
-        class _Skip:
-            def __enter__(self):
-                optimizer._skip_sync = True
-
-            def __exit__(self, *exc):
-                optimizer._skip_sync = False
-
-        return _Skip()
-
-    def step(self, closure=None):
-        if not (self._skip_sync and self._synchronized):
-            self.synchronize()
-        self._synchronized = False
-        result = self.optimizer.step(closure)
-        self._end_step()
-        return result
-
-
-def averaged_tensors(named, model) -> List[torch.Tensor]:
-    """The tensors decentralized modes average: parameters, then floating buffers of ``model``."""
-    tensors = [p.data for _, p in named]
-    if model is not None:
-        tensors += [b for b in model.buffers() if b.dtype.is_floating_point]
-    return tensors
-
-
-class _DecentralizedOptimizer(_WrappedOptimizer):
-    """Local step, then a P-Reduce of parameters over the schedule's group."""
-
-    def __init__(self, optimizer, named, mode, schedule, group_size, sync_every, model,
-                 division):
-        super().__init__(optimizer, named)
-        rt = self._runtime
-        self.mode = mode
-        self.schedule = self._make_schedule(rt, mode, schedule, group_size, division)
-        self._tensors = averaged_tensors(named, model)
-        self._sync_every = sync_every
-        self._steps = 0
-        self._syncs = 0
-        self._left = False
-        rt.join_hooks.append(self.leave)
-        rt.at_shutdown(self.close)
-
-    @staticmethod
-    def _make_schedule(rt, mode, schedule, group_size, division) -> Schedule:
-        if isinstance(schedule, Schedule):
-            return schedule
-        if mode is Sync.ADPSGD:
-            if schedule is not None:
-                raise ValueError("sync='adpsgd' has its own pairing; leave schedule=None")
-            kind = "adpsgd"
-        else:
-            kind = "generator" if schedule is None else schedule
-            if kind not in SCHEDULES:
-                raise ValueError(f"schedule={schedule!r} is not valid; choose one of "
-                                 f"{list(SCHEDULES)} or pass a ripples.schedule.Schedule")
-        size = min(group_size, rt.size)
-        return make_schedule(kind, rank=rt.rank, size=rt.size, local_size=rt.local_size,
-                             group_size=size, seed=rt.config.seed, comm=rt.service_comm,
-                             timeout_s=rt.config.timeout_s, policy=division)
-
-    def step(self, closure=None):
-        if self._left:
-            raise RuntimeError(f"rank {self._runtime.rank} called step() after join()")
-        self._finish_compute()
-        result = self.optimizer.step(closure)
-        self._steps += 1
-        if self._steps % self._sync_every == 0:
-            with self.metrics.waiting():  # asking the generator is waiting too
-                assignments = self.schedule.groups_for_step(self._syncs)
-            self._run(assignments)
-            self._syncs += 1
-        self._end_step()
-        return result
-
-    def synchronize(self) -> None:
-        """Nothing to wait for: decentralized modes communicate inside ``step()``."""
-
-    def _run(self, assignments) -> None:
-        with self.metrics.waiting():
-            for _, group in assignments:
-                grouped_partial_allreduce_(self._tensors, group)
-                self.metrics.add_group(len(group))
-
-    def leave(self) -> None:
-        """Stop training on this rank: run the groups already assigned to it, get no more."""
-        if not self._left:
-            self._left = True
-            self._run(self.schedule.leave())
-
-    def close(self) -> None:
-        self.leave()
-        self.schedule.close()

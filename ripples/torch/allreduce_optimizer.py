@@ -1,0 +1,192 @@
+"""``sync="allreduce"``: Horovod's semantics, gradients averaged over the process set.
+
+Gradient hooks only count backward passes; ``synchronize()`` submits one all-reduce per
+parameter (or per fusion group) named after the parameter, in the optimizer's parameter
+order. Every rank therefore reduces the same parameter with the same parameter whatever
+order its hooks fired in, and whichever layers it skipped: a parameter without a gradient
+on a rank contributes zeros there (its ``grad`` becomes zeros, as in Horovod).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ripples.ops.collectives import allreduce_async_, grouped_allreduce_async_, synchronize
+from ripples.ops.reduce_ops import ReduceOp
+from ripples.torch.optimizer_base import GradientsPendingError, WrappedOptimizer
+
+Named = List[Tuple[str, torch.Tensor]]
+
+
+def fusion_units(named: Named, groups) -> List[Named]:
+    """The submissions ``synchronize()`` makes, in order: each a list of ``(name, param)``.
+
+    ``groups=None``: one per parameter. An int ``k``: the parameters split in order into
+    ``k`` near-equal runs. A list of lists of tensors: those lists (restricted to ``named``),
+    then every remaining parameter alone. A unit is submitted when its first member's turn
+    comes in parameter order, so the order is the same on every rank.
+    """
+    if groups is None:
+        return [[item] for item in named]
+    if isinstance(groups, int):
+        count = min(groups, len(named))
+        size, extra = divmod(len(named), max(count, 1))
+        units, start = [], 0
+        for i in range(count):
+            end = start + size + (1 if i < extra else 0)
+            units.append(named[start:end])
+            start = end
+        return units
+    position = {id(p): i for i, (_, p) in enumerate(named)}
+    group_of: Dict[int, int] = {}
+    for index, group in enumerate(groups):
+        for p in group:
+            if id(p) in position:
+                group_of[id(p)] = index
+    units, started = [], {}
+    for name, p in named:
+        index = group_of.get(id(p))
+        if index is None:
+            units.append([(name, p)])
+        elif index not in started:
+            started[index] = len(units)
+            units.append([(name, p)])
+        else:
+            units[started[index]].append((name, p))
+    return units
+
+
+class AllreduceOptimizer(WrappedOptimizer):
+    """Average gradients over ``process_set`` before every ``step()`` (Horovod semantics).
+
+    Contract (as Horovod's ``DistributedOptimizer``):
+
+    - ``step()`` synchronizes first, unless inside ``skip_synchronize()`` after an
+      explicit ``synchronize()``; ``step()`` after ``synchronize()`` outside that context
+      warns and synchronizes again.
+    - ``backward_passes_per_step=k``: gradients of ``k`` backward passes accumulate locally;
+      a ``(k+1)``-th before ``step()`` raises ``GradientsPendingError``.
+    - ``zero_grad()`` between a backward pass and ``step()``/``synchronize()`` raises
+      ``GradientsPendingError`` (an ``AssertionError``).
+    - Sparse gradients (``nn.Embedding(sparse=True)``) are all-reduced densely and handed
+      back sparse (rows that are zero on every rank are left out).
+    """
+
+    def __init__(self, optimizer, named: Named, compression, backward_passes_per_step: int,
+                 op: ReduceOp, gradient_predivide_factor: float, process_set, groups=None):
+        super().__init__(optimizer, named)
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        average = op is ReduceOp.AVERAGE
+        self._prescale = 1.0 / gradient_predivide_factor if average else 1.0
+        self._postscale = gradient_predivide_factor if average else 1.0
+        self._process_set = process_set
+        self._units = fusion_units(named, groups)
+        self._names = {p: name for name, p in named}
+        self._passes: Dict[torch.Tensor, int] = {p: 0 for _, p in named}
+        self._synchronized = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if self._passes[param] >= self.backward_passes_per_step:
+            raise GradientsPendingError(
+                f"the gradient of {self._names[param]!r} was computed more than "
+                f"backward_passes_per_step={self.backward_passes_per_step} times before "
+                "step(): call step() after each backward pass, or raise "
+                "backward_passes_per_step to accumulate gradients locally")
+        self._passes[param] += 1
+        self._synchronized = False
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes accumulate before each ``step()`` (Horovod)."""
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")
+        self.backward_passes_per_step = passes
+        self._passes = dict.fromkeys(self._passes, 0)
+
+    def synchronize(self) -> None:
+        """All-reduce every gradient now; ``param.grad`` then holds the reduced value.
+
+        Collective over the process set: every member must call it (``step()`` does).
+        """
+        self._finish_compute()
+        pending = [self._submit(unit) for unit in self._units]
+        with self.metrics.waiting():
+            for unit, (handle, sent) in zip(self._units, pending):
+                synchronize(handle)
+                for (_, param), (tensor, ctx, sparse_dim) in zip(unit, sent):
+                    self._take(param, tensor, ctx, sparse_dim)
+        self._passes = dict.fromkeys(self._passes, 0)
+        self._synchronized = True
+
+    def _submit(self, unit):
+        sent = []
+        for _, param in unit:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            grad, sparse_dim = param.grad, None
+            if grad.is_sparse:
+                grad, sparse_dim = grad.to_dense(), grad.sparse_dim()
+            tensor, ctx = self._compression.compress(grad)
+            sent.append((tensor, ctx, sparse_dim))
+        tensors = [tensor for tensor, _, _ in sent]
+        kwargs = dict(name=unit[0][0], op=self.op, prescale_factor=self._prescale,
+                      postscale_factor=self._postscale, process_set=self._process_set)
+        if len(unit) == 1:
+            return allreduce_async_(tensors[0], **kwargs), sent
+        return grouped_allreduce_async_(tensors, **kwargs), sent
+
+    def _take(self, param, tensor, ctx, sparse_dim: Optional[int]) -> None:
+        result = self._compression.decompress(tensor, ctx)
+        if sparse_dim is not None:
+            param.grad = result.to_sparse(sparse_dim)
+        elif result is not param.grad:
+            param.grad.copy_(result)
+
+    def step(self, closure=None):
+        """Synchronize (see the class contract), then the wrapped optimizer's step."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() outside "
+                              "optimizer.skip_synchronize(): gradients are all-reduced "
+                              "again. Wrap step() in `with optimizer.skip_synchronize():`",
+                              stacklevel=2)
+            self.synchronize()
+        elif not self._synchronized:
+            # Horovod would step on local gradients here and let replicas drift apart.
+            self.synchronize()
+        self._synchronized = False
+        result = self.optimizer.step(closure)
+        self._end_step()
+        return result
+
+    def zero_grad(self, set_to_none: bool = True):
+        pending = [self._names[p] for p, n in self._passes.items() if n]
+        if pending:
+            raise GradientsPendingError(
+                f"optimizer.zero_grad() was called after loss.backward() but before "
+                f"optimizer.step() or optimizer.synchronize() (pending gradients: "
+                f"{pending[:3]}{'...' if len(pending) > 3 else ''}): the other ranks would "
+                "all-reduce gradients this rank has discarded. Call step() (or "
+                "synchronize()) first")
+        return self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def extra_state(self) -> dict:
+        state = super().extra_state()
+        state["backward_passes"] = {self._names[p]: n for p, n in self._passes.items()}
+        return state
+
+    def load_extra_state(self, extra: dict) -> None:
+        super().load_extra_state(extra)
+        saved = extra.get("backward_passes", {})
+        self._passes = {p: int(saved.get(self._names[p], 0)) for p in self._passes}
+        self._synchronized = False
+
+    def close(self) -> None:
+        """Remove the gradient hooks (the optimizer stops counting backward passes)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
