@@ -1,6 +1,7 @@
 """The worker's side of parameter-server training: ``PSOptimizer``."""
 from __future__ import annotations
 
+import copy
 import time
 from typing import Dict, List, Optional
 
@@ -11,20 +12,41 @@ from ..optim_wrapper import OptimizerWrapper
 from . import placement as placement_mod
 from . import policies
 from .context import PSContext
-from .transport import from_wire, to_wire, wire_nbytes
+from .transport import from_wire, state_from_wire, state_to_wire, to_wire, wire_nbytes
 
 
 class PSOptimizer(OptimizerWrapper):
     """Train through parameter servers: ``loss.backward(); opt.step()``.
 
-    Wraps ``optimizer`` (its ``param_groups``, ``state_dict``, ``load_state_dict`` and
-    ``zero_grad`` pass through); the servers run a copy of it (``type(optimizer)`` with
-    each group's hyperparameters) on their chunks, so with ``policy="bsp"`` training is
-    exactly synchronous SGD on gradients averaged over workers.
+    Wraps ``optimizer`` (its ``param_groups`` and ``zero_grad`` pass through); the servers
+    run a copy of it (``type(optimizer)`` with each group's hyperparameters) on their
+    chunks, so with ``policy="bsp"`` training is exactly synchronous SGD on gradients
+    averaged over workers. The servers hold the optimizer state; the worker's ``state``
+    stays empty.
 
-    Construction is collective over the workers: worker 0 sends the initial parameters,
-    every worker then pulls them. Workers whose models differ (names, shapes, dtypes) or
-    whose arguments differ all raise ``MismatchError``.
+    Construction is collective over the workers: worker 0 sends the initial parameters
+    (and the wrapped optimizer's state, if it has any, e.g. from ``load_state_dict``
+    before wrapping), every worker then pulls them. Workers whose models differ (names,
+    shapes, dtypes) or whose arguments differ all raise ``MismatchError``.
+
+    In a training script:
+
+    - Hyperparameters: a change to any group value (``lr``, ``momentum``, ``betas``,
+      ``weight_decay``; by an LR scheduler or by hand) travels with the next push and is
+      used by the servers from the next update they apply. When workers disagree, a round
+      (BSP, Sync-opt) uses the values of the lowest-numbered worker pushing in it (worker 0
+      under BSP); an update applied on arrival uses the values of the worker that pushed it.
+    - ``torch.amp.GradScaler``: ``scaler.step(opt)`` always calls ``step()``; gradients
+      still scaled are unscaled here, and a worker that found inf/NaN pushes a skip marker
+      instead of gradients. Under BSP and Sync-opt the whole round is then skipped (as a
+      synchronous step on the averaged gradient would be); otherwise only that push is.
+      Each worker's scaler adjusts its scale from its own gradients.
+    - Gradient clipping before ``step()`` and several ``backward()`` calls per ``step()``
+      act on this worker's gradient, before the servers average it with the others'.
+    - ``state_dict()`` asks the servers (one round trip, not collective) and returns the
+      wrapped optimizer's format with the servers' state per parameter in ``"state"``,
+      so it also loads into a plain torch optimizer. ``load_state_dict`` is collective
+      over the workers, like construction: see its docstring.
 
     Arguments:
         policy: one of ``policies.POLICIES`` (see ``ripples.ps.policies``).
@@ -84,6 +106,8 @@ class PSOptimizer(OptimizerWrapper):
                       "expected_tau_hist": {}, "gate_log": [], "blocked_by_max_lag": 0}
         if self.worker == 0:
             self._send_init(optimizer, self.groups)
+        self._sent_hyper: Optional[List[dict]] = None  # every worker sends its groups once
+        self.optimizer.state.clear()  # the servers hold it from now on
         self._install_all(self._wait_all(self._request_pull(), "initial pull", count_blocked=False))
 
     def _validate(self, optimizer, named_parameters, policy, staleness, placement, chunk_bytes,
@@ -106,18 +130,24 @@ class PSOptimizer(OptimizerWrapper):
             raise TypeError("controller must be None or a callable controller(ps_optimizer)")
 
     # -- training ------------------------------------------------------------------------
+    # GradScaler.step() then calls step() even when gradients are not finite, with
+    # ``grad_scale`` and ``found_inf`` set: under BSP every worker must push every round.
+    _step_supports_amp_scaling = True
+
     def step(self, closure=None):
-        """Push this worker's gradients and pull parameters as the policy says."""
+        """Push this worker's gradients (and hyperparameters that changed) and pull
+        parameters as the policy says."""
         if self.joined:
             raise RipplesError("step() after join(): this worker has left parameter-server training")
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        skip = self._unscale_for_amp()
         if self.spec.decoupled:
-            self._eager_step()
+            self._eager_step(skip)
         else:
-            self._push(1.0)
+            self._push(1.0, skip)
             answers = self._wait_all(self._request_pull(), f"pull after step {self.clock}")
             self._install_all(answers)
         self.stats["steps"] += 1
@@ -125,7 +155,24 @@ class PSOptimizer(OptimizerWrapper):
             self.controller(self)
         return loss
 
-    def _eager_step(self):
+    def _unscale_for_amp(self) -> bool:
+        """Under ``GradScaler.step``: unscale the gradients it left scaled; True when this
+        worker's gradients are not finite (the update must be skipped)."""
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is None:
+            return False
+        if found_inf.item():
+            return True
+        scale = getattr(self, "grad_scale", None)
+        if scale is not None:
+            inverse = scale.double().reciprocal().float()  # as GradScaler.unscale_ does
+            with torch.no_grad():
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(inverse.to(p.grad.device))
+        return False
+
+    def _eager_step(self, skip: bool):
         # Answers that arrived during the forward/backward tell the newest version; they
         # are installed only after the push, which must name the versions computed on.
         arrived = {}
@@ -136,7 +183,7 @@ class PSOptimizer(OptimizerWrapper):
                 self._note_versions(server, answer)
         tau = self._expected_tau()
         lagging = self.spec.max_lag is not None and tau - 1 > self.spec.max_lag
-        self._push(policies.eager_factor(tau, self.spec.eager_scale))
+        self._push(policies.eager_factor(tau, self.spec.eager_scale), skip)
         if self.pending_pull:
             rest = {s: rid for s, rid in self.pending_pull.items() if s not in arrived}
             arrived.update(self._wait_all(rest, "eager pull"))
@@ -182,7 +229,8 @@ class PSOptimizer(OptimizerWrapper):
         (waiting inside ``step()``),
         expected_tau_hist (eager), gate_log ((own pushes, slowest active worker's pushes)
         when each pull was answered), staleness_hist (realized, all servers), dropped,
-        server_load (per server: bytes_in, bytes_out, busy_s, updates, dropped, ...).
+        server_load (per server: bytes_in, bytes_out, busy_s, updates, dropped, skipped
+        (pushes or rounds not applied because a GradScaler found inf/NaN), ...).
         Before ``join()`` this asks the servers (a round trip).
         """
         servers = self.server_stats
@@ -201,17 +249,121 @@ class PSOptimizer(OptimizerWrapper):
         out["bytes_pulled"] = sum(self.stats["bytes_pulled_per_server"])
         return out
 
+    # -- checkpoints -----------------------------------------------------------------------
+    def state_dict(self):
+        """The wrapped optimizer's ``state_dict()`` with the servers' optimizer state.
+
+        ``"state"`` holds, per parameter index, the state the servers keep for its chunks
+        reassembled to the parameter's shape (momentum buffers, Adam moments; values such
+        as step counts from its first chunk). Under asynchronous policies it is the state
+        when each server answers. ``"param_groups"`` are this worker's hyperparameters;
+        ``"ripples"`` holds this session's clock and versions (see ``extra_state``).
+        Not collective: any worker may call it, e.g. worker 0 to save a checkpoint.
+        """
+        rids = {s: self.channel.send(s, {"kind": "state", "sid": self.sid, "w": self.worker})
+                for s in self.servers}
+        answers = self._wait_all(rids, "state_dict", count_blocked=False)
+        chunk_state = {cid: wire for answer in answers.values()
+                       for cid, wire in answer["state"].items()}
+        state = super().state_dict()
+        index_of = {id(p): i for i, p in enumerate(
+            p for group in self.optimizer.param_groups for p in group["params"])}
+        state["state"] = {}
+        for param_index, param in enumerate(self.params):
+            chunks = sorted((c for c in self.map.chunks if c.param == param_index),
+                            key=lambda c: c.start)
+            assembled = _assemble(param, [chunk_state[c.cid] for c in chunks])
+            if assembled:
+                state["state"][index_of[id(param)]] = assembled
+        state["state"] = dict(sorted(state["state"].items()))
+        return state
+
+    def extra_state(self) -> dict:
+        """The session's counters, for the record: ``policy``, ``clock`` (this worker's
+        pushes), ``steps`` and ``versions`` (per parameter name, the updates applied to each
+        of its chunks when this worker last pulled). A resumed run needs none of them: BSP
+        rounds and staleness are counted within a session, step counts live in the state."""
+        versions = {name: [self.versions[c.cid] for c in self.map.chunks if c.param == i]
+                    for i, name in enumerate(self.names)}
+        return {"policy": self.spec.name, "clock": self.clock, "steps": self.stats["steps"],
+                "versions": versions}
+
+    def load_state_dict(self, state_dict):
+        """Load a checkpoint: collective over the workers, like construction.
+
+        Every worker loads ``state_dict`` into the wrapped optimizer (hyperparameters and
+        state, as torch does); worker 0 then sends the state, its hyperparameters and its
+        current parameters to the servers, and every worker pulls the result. Load the
+        model's weights on worker 0 before calling it (the servers take worker 0's
+        parameters, as at construction). Accepts a plain torch optimizer's state dict too.
+        """
+        if self.pending_pull:
+            self._install_all(self._wait_all(self.pending_pull, "eager pull before load",
+                                             count_blocked=False))
+            self.pending_pull = None
+        # A worker that cannot load must not leave the others waiting for worker 0.
+        problem = None
+        try:
+            super().load_state_dict(state_dict)
+        except (KeyError, TypeError, ValueError) as exc:
+            problem = exc
+        everyone = self.context.worker_comm.allgather(repr(problem) if problem else None)
+        if problem is not None:
+            raise problem
+        for worker, theirs in enumerate(everyone):
+            if theirs:
+                raise RipplesError(f"load_state_dict failed on worker {worker}: {theirs}")
+        if self.worker == 0:
+            try:
+                rids = {s: self.channel.send(s, self._load_message(s)) for s in self.servers}
+                self._wait_all(rids, "load_state_dict", count_blocked=False)
+            except RipplesError as exc:
+                problem = str(exc)
+        problem = self.context.worker_comm.bcast(problem, root=0)
+        if problem is not None:
+            raise RipplesError(f"load_state_dict failed on the servers: {problem}")
+        self.optimizer.state.clear()
+        self._sent_hyper = None
+        self._install_all(self._wait_all(self._request_pull(), "pull after load_state_dict",
+                                         count_blocked=False))
+
+    def _load_message(self, server: int) -> dict:
+        params, state = {}, {}
+        for c in self.server_chunks[server]:
+            p = self.params[c.param]
+            params[c.cid] = to_wire(p.data.view(-1)[c.start:c.stop]).copy()
+            state[c.cid] = state_to_wire(self.optimizer.state.get(p, {}), p.shape, c.start, c.stop)
+        return {"kind": "load", "sid": self.sid, "w": self.worker, "params": params,
+                "state": state, "groups": _hyperparameters(self.optimizer.param_groups),
+                "map": self.map.version}
+
     # -- messages ------------------------------------------------------------------------
-    def _push(self, factor: float) -> None:
+    def _changed_hyperparameters(self) -> Optional[List[dict]]:
+        """Every group's values when any changed since the last push, else None."""
+        groups = self.optimizer.param_groups
+        if self._sent_hyper is not None and len(groups) == len(self._sent_hyper) and all(
+                _same_hyperparameters(g, sent) for g, sent in zip(groups, self._sent_hyper)):
+            return None
+        self._sent_hyper = _hyperparameters(groups)
+        return self._sent_hyper
+
+    def _push(self, factor: float, skip: bool = False) -> None:
+        hyper = self._changed_hyperparameters()
         for server in self.servers:
             grads, seen = {}, {}
             for c in self.server_chunks[server]:
-                grads[c.cid] = _grad_slice(self.params[c.param], c)
+                if not skip:
+                    grads[c.cid] = _grad_slice(self.params[c.param], c)
                 seen[c.cid] = self.versions[c.cid]
             self.stats["bytes_pushed_per_server"][server] += wire_nbytes(grads.values())
-            self.channel.send(server, {"kind": "push", "sid": self.sid, "w": self.worker,
-                                       "clock": self.clock, "grads": grads, "computed_on": seen,
-                                       "factor": factor, "map": self.map.version})
+            message = {"kind": "push", "sid": self.sid, "w": self.worker, "clock": self.clock,
+                       "grads": grads, "computed_on": seen, "factor": factor,
+                       "map": self.map.version}
+            if hyper is not None:
+                message["hyper"] = hyper
+            if skip:
+                message["skip"] = True
+            self.channel.send(server, message)
         self.pushes += 1
         self.clock += 1
 
@@ -252,13 +404,16 @@ class PSOptimizer(OptimizerWrapper):
         self.applied_mine[server] = max(self.applied_mine[server], answer["applied_mine"])
 
     def _send_init(self, optimizer, groups: List[int]) -> None:
-        hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        hyper = _hyperparameters(optimizer.param_groups)
         for server in self.servers:
             chunks = [(c.cid, groups[c.param], to_wire(self.params[c.param].data.view(-1)
                                                        [c.start:c.stop]).copy())
                       for c in self.server_chunks[server]]
+            state = {c.cid: state_to_wire(optimizer.state.get(self.params[c.param], {}),
+                                          self.params[c.param].shape, c.start, c.stop)
+                     for c in self.server_chunks[server]}
             self.channel.send(server, {
-                "kind": "init", "sid": self.sid, "w": self.worker, "chunks": chunks,
+                "kind": "init", "sid": self.sid, "w": self.worker, "chunks": chunks, "state": state,
                 "opt_class": type(optimizer), "defaults": dict(optimizer.defaults),
                 "groups": hyper, "spec": self.spec, "link_delay_s": self.link_delay_s,
                 "map_version": self.map.version,
@@ -310,6 +465,42 @@ def _collect(optimizer, named_parameters):
         raise ValueError(f"named_parameters names {len(seen)} tensors but the optimizer holds "
                          f"{len(group_of)}; pass model.named_parameters() of the optimized model")
     return names, params, groups
+
+
+def _hyperparameters(groups) -> List[dict]:
+    """A copy of every group's values except its parameters."""
+    return [copy.deepcopy({k: v for k, v in g.items() if k != "params"}) for g in groups]
+
+
+def _same_hyperparameters(group: dict, sent: dict) -> bool:
+    return len(group) == len(sent) + 1 and all(
+        k in group and _same_value(group[k], v) for k, v in sent.items())
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return (type(a) is type(b) and len(a) == len(b)
+                and all(_same_value(x, y) for x, y in zip(a, b)))
+    return type(a) is type(b) and a == b
+
+
+def _assemble(param: torch.Tensor, chunk_wires: List[dict]) -> dict:
+    """One parameter's optimizer state from its chunks' ``state_to_wire`` messages (in
+    element order): slices are joined to the parameter's shape, whole values come from the
+    first chunk. Keys missing from any chunk are left out."""
+    out = {}
+    for key, (kind, value) in (chunk_wires[0].items() if chunk_wires else ()):
+        if not all(key in wire for wire in chunk_wires):
+            continue
+        if kind == "slice":
+            joined = torch.cat([from_wire(wire[key][1]) for wire in chunk_wires])
+            out[key] = joined.reshape(param.shape)
+        else:
+            out[key] = state_from_wire({key: (kind, value)})[key]
+    return out
 
 
 def _grad_slice(param: torch.Tensor, chunk) -> object:

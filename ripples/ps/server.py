@@ -5,6 +5,16 @@ the optimizer to run on them). Messages of a session whose ``init`` has not arri
 kept and replayed. Every chunk carries a version (updates applied to it); every push says
 which versions its gradient was computed on, so staleness is measured on arrival.
 
+Hyperparameters: ``init`` carries worker 0's parameter groups; a push carries a worker's
+groups whenever they changed since its previous push. A round (BSP, Sync-opt) is applied
+with the values of the lowest-numbered worker whose push is in it; an update applied on
+arrival uses the values of the worker that pushed it. A push marked ``skip`` (its gradients
+were not finite under a GradScaler) is never applied; a round containing one is skipped
+by every server, as a synchronous step on the averaged gradient would be.
+
+``state`` answers the optimizer state of every chunk; ``load`` (worker 0, from
+``load_state_dict``) replaces chunks, their optimizer state and the hyperparameters.
+
 Waiting rules: a pull held back by the policy (BSP, Sync-opt, SSP) is answered with an
 error naming the workers it waits for once it has waited ``timeout_s``; a join waits for
 the other workers while they are alive (heartbeats to the joined worker keep its deadline
@@ -22,7 +32,8 @@ import torch
 from mpi4py import MPI
 
 from . import policies
-from .transport import REPLY, REQUEST, Backoff, Outbox, from_wire, to_wire, wire_nbytes
+from .transport import (REPLY, REQUEST, Backoff, Outbox, from_wire, state_from_wire,
+                        state_to_wire, to_wire, wire_nbytes)
 
 
 def serve(comm, num_servers: int, timeout_s: float) -> None:
@@ -145,9 +156,13 @@ class Session:
             self.versions[cid] = 0
             groups.setdefault(group, []).append(tensor)
         self.optimizer = None
+        self.group_ids = sorted(groups)  # the worker's group index of each local group
+        self.default_hyper = init["groups"]
+        self.hyper_of: Dict[int, list] = {}  # the groups each worker sent last
         if self.chunks:
-            param_groups = [dict(init["groups"][g], params=ts) for g, ts in sorted(groups.items())]
+            param_groups = [dict(init["groups"][g], params=groups[g]) for g in self.group_ids]
             self.optimizer = init["opt_class"](param_groups, **init["defaults"])
+            self.set_state(init.get("state", {}))
         self.rounds = policies.Rounds(self.spec.quorum)
         self.buffered: Dict[tuple, dict] = {}
         self.pushes = [0] * self.num_workers
@@ -157,6 +172,7 @@ class Session:
         self.pulls: List[tuple] = []
         self.joins: List[tuple] = []
         self.stats = {"bytes_in": 0, "bytes_out": 0, "busy_s": 0.0, "updates": 0, "dropped": 0,
+                      "skipped": 0,
                       "staleness_hist": {}, "pushes_per_worker": self.pushes,
                       "applied_per_worker": self.applied_from}
         self.last_heartbeat = time.monotonic()
@@ -207,6 +223,12 @@ class Session:
             self.joins.append((worker, message["rid"]))
         elif kind == "stats":
             self.server.reply(worker, {"rid": message["rid"], "stats": self.snapshot()}, self.delay_s)
+        elif kind == "state":
+            self.server.reply(worker, {"rid": message["rid"], "state": self.get_state(),
+                                       "versions": dict(self.versions)}, self.delay_s)
+        elif kind == "load":
+            self.load(message)
+            self.server.reply(worker, {"rid": message["rid"]}, self.delay_s)
         self.stats["busy_s"] += time.monotonic() - began
         self.progress(time.monotonic())
 
@@ -214,6 +236,9 @@ class Session:
         grads = message["grads"]
         self.stats["bytes_in"] += wire_nbytes(grads.values())
         self.pushes[worker] += 1
+        if "hyper" in message:
+            self.hyper_of[worker] = message["hyper"]
+        message["use_hyper"] = self.hyper_of.get(worker, self.default_hyper)
         if self.spec.name in policies.ROUND_POLICIES:
             if self.rounds.offer(worker, message["clock"]):
                 self.buffered[(message["clock"], worker)] = message
@@ -221,9 +246,43 @@ class Session:
                 self.stats["dropped"] += 1
             return
         delay = self.delay_of(message)
-        factor = policies.apply_factor(self.spec, delay, message["factor"])
-        self.apply({cid: from_wire(g) for cid, g in grads.items()}, factor)
+        if message.get("skip"):
+            self.stats["skipped"] += 1
+        else:
+            factor = policies.apply_factor(self.spec, delay, message["factor"])
+            self.use_hyper(message["use_hyper"])
+            self.apply({cid: from_wire(g) for cid, g in grads.items()}, factor)
         self.record(worker, delay)
+
+    def use_hyper(self, groups: list) -> None:
+        """Give the local optimizer's groups the values of the workers' ``groups``."""
+        if self.optimizer is not None:
+            for local, gid in zip(self.optimizer.param_groups, self.group_ids):
+                local.update(groups[gid])
+
+    def get_state(self) -> Dict[int, dict]:
+        """Every chunk's optimizer state, as ``state_to_wire`` messages."""
+        state = self.optimizer.state if self.optimizer is not None else {}
+        return {cid: state_to_wire(state.get(t, {}), t.shape, 0, t.numel())
+                for cid, t in self.chunks.items()}
+
+    def set_state(self, wire: Dict[int, dict]) -> None:
+        for cid, chunk_state in wire.items():
+            tensor = self.chunks[cid]
+            self.optimizer.state.pop(tensor, None)
+            if chunk_state:
+                self.optimizer.state[tensor] = state_from_wire(chunk_state)
+
+    def load(self, message: dict) -> None:
+        """Replace parameters, optimizer state and hyperparameters (``load_state_dict``)."""
+        with torch.no_grad():
+            for cid, array in message["params"].items():
+                self.chunks[cid].copy_(from_wire(array))
+        self.default_hyper = message["groups"]
+        self.hyper_of = {}
+        if self.optimizer is not None:
+            self.set_state(message["state"])
+            self.use_hyper(self.default_hyper)
 
     def delay_of(self, message: dict) -> int:
         seen = message["computed_on"]
@@ -264,12 +323,16 @@ class Session:
             messages = [self.buffered.pop((clock, w)) for w in kept]
             for w in late:
                 self.buffered.pop((clock, w), None)
-            total = {}
-            for message in messages:
-                for cid, g in message["grads"].items():
-                    g = from_wire(g)
-                    total[cid] = total[cid] + g if cid in total else g
-            self.apply({cid: g / len(messages) for cid, g in total.items()}, 1.0)
+            if any(message.get("skip") for message in messages):
+                self.stats["skipped"] += 1
+            else:
+                total = {}
+                for message in messages:
+                    for cid, g in message["grads"].items():
+                        g = from_wire(g)
+                        total[cid] = total[cid] + g if cid in total else g
+                self.use_hyper(messages[kept.index(min(kept))]["use_hyper"])
+                self.apply({cid: g / len(messages) for cid, g in total.items()}, 1.0)
             for message, w in zip(messages, kept):
                 self.record(w, self.delay_of_round(message))
 

@@ -38,6 +38,32 @@ def from_wire(array) -> torch.Tensor:
     return array.clone()
 
 
+def state_to_wire(state: dict, shape: torch.Size, start: int, stop: int) -> dict:
+    """Elements ``start:stop`` (of the flattened tensor) of one tensor's optimizer state.
+
+    ``state`` belongs to a tensor of ``shape``. Entries of that shape (momentum buffers,
+    Adam moments) travel as ``("slice", flat elements)``; everything else (step counts,
+    scalars) as ``("whole", value)``, which every slice of the tensor shares.
+    """
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor) and value.shape == shape:
+            wire = to_wire(value.reshape(-1)[start:stop])
+            out[key] = ("slice", wire.copy() if isinstance(wire, np.ndarray) else wire)
+        elif isinstance(value, torch.Tensor):
+            out[key] = ("whole", value.detach().clone())
+        else:
+            out[key] = ("whole", value)
+    return out
+
+
+def state_from_wire(wire: dict) -> dict:
+    """The optimizer state of one chunk, from ``state_to_wire``'s message."""
+    return {key: from_wire(value) if kind == "slice" else
+            (value.clone() if isinstance(value, torch.Tensor) else value)
+            for key, (kind, value) in wire.items()}
+
+
 def wire_nbytes(arrays) -> int:
     return sum(a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.element_size()
                for a in arrays)
