@@ -1,10 +1,14 @@
-"""Pure logic of the parameter-server mode: placements and policies (no processes)."""
+"""Pure logic of the parameter-server mode: placements, policies and how optimizer state
+is cut into chunks and put back together (no processes)."""
 import math
 
 import pytest
+import torch
 
 from ripples.ps import placement as pl
 from ripples.ps import policies as po
+from ripples.ps.optimizer import _assemble
+from ripples.ps.transport import state_from_wire, state_to_wire
 
 PARAMS = [pl.ParamInfo("embed", 3_000_000, 4), pl.ParamInfo("w1", 1000, 4),
           pl.ParamInfo("b1", 10, 4), pl.ParamInfo("w2", 2_500_000, 2), pl.ParamInfo("empty", 0, 4)]
@@ -138,3 +142,19 @@ def test_pull_ready_by_policy():
     assert po.pull_ready(ssp, 0, 0, own_pushes=4, active_pushes=[4, 3])
     assert not po.pull_ready(ssp, 0, 0, own_pushes=5, active_pushes=[5, 3])
     assert po.pull_ready(po.make_spec("asp", 2), 9, 0, 9, [9, 0])
+
+
+def test_optimizer_state_split_into_chunks_and_reassembled():
+    param = torch.arange(12.0).reshape(3, 4)
+    state = {"exp_avg": param * 2, "step": torch.tensor(5.0), "flag": None}
+    bounds = [(0, 5), (5, 12)]
+    wires = [state_to_wire(state, param.shape, a, b) for a, b in bounds]
+    chunk = state_from_wire(wires[1])  # what a server holds for elements 5..11
+    assert torch.equal(chunk["exp_avg"], (param * 2).reshape(-1)[5:])
+    assert chunk["step"].shape == () and chunk["step"].item() == 5.0
+    # the server sends a chunk's state back with the chunk's own (flat) shape
+    back = [state_to_wire(state_from_wire(w), torch.Size([b - a]), 0, b - a)
+            for w, (a, b) in zip(wires, bounds)]
+    assembled = _assemble(param, back)
+    assert torch.equal(assembled["exp_avg"], param * 2)
+    assert assembled["step"].shape == () and assembled["flag"] is None
