@@ -9,7 +9,8 @@ on a rank contributes zeros there (its ``grad`` becomes zeros, as in Horovod).
 from __future__ import annotations
 
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+import weakref
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -58,6 +59,18 @@ def fusion_units(named: Named, groups) -> List[Named]:
     return units
 
 
+def _weak_hook(optimizer):
+    """A gradient hook that does not keep ``optimizer`` alive: a model wrapped again (a
+    new optimizer for the next training stage) must not count passes for the old one."""
+    ref = weakref.ref(optimizer)
+
+    def hook(param):
+        alive = ref()
+        if alive is not None:
+            alive._on_grad(param)
+    return hook
+
+
 class AllreduceOptimizer(WrappedOptimizer):
     """Average gradients over ``process_set`` before every ``step()`` (Horovod semantics).
 
@@ -88,7 +101,7 @@ class AllreduceOptimizer(WrappedOptimizer):
         self._names = {p: name for name, p in named}
         self._passes: Dict[torch.Tensor, int] = {p: 0 for _, p in named}
         self._synchronized = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
+        self._hooks = [p.register_post_accumulate_grad_hook(_weak_hook(self)) for _, p in named]
 
     def _on_grad(self, param: torch.Tensor) -> None:
         if self._passes[param] >= self.backward_passes_per_step:

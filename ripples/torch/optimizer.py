@@ -108,7 +108,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _check_int("sync_every", sync_every, 1)
     if group_size is not None:
         _check_int("group_size", group_size, 1)
-    if mode is not Sync.ALLREDUCE and process_set is not global_process_set:
+    if mode is not Sync.ALLREDUCE and len(process_set.group()) != _runtime.current().size:
         raise ValueError(f"process_set applies to sync='allreduce' only; sync={mode.value!r} "
                          "runs over all ranks: leave process_set at its default")
     if mode is Sync.ALLREDUCE:
