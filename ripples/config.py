@@ -23,7 +23,11 @@ class Config:
         raises ``RipplesTimeoutError`` naming the operation and the missing ranks.
     stall_warning_s: a wait that lasts longer than this logs one warning first.
     cache_capacity: group communicators kept per rank (least recently used is freed).
-    fusion_threshold_bytes: queued async tensors are fused into buffers up to this size.
+    fusion_threshold_bytes: consecutive agreed all-reduces are fused into buffers up to
+        this size.
+    cycle_time_ms: how long the background engine lets asynchronous collectives gather
+        before it negotiates them (Horovod's cycle time); a caller that waits negotiates at
+        once.
     verbose: log the MPI library and per-rank facts at ``init()``.
     slowdown: heterogeneity injection, ``"RANK:FACTOR[,RANK:FACTOR]"``.
     random_slowdown: ``"P:FACTOR"``: each step each rank is slow with probability P.
@@ -38,6 +42,7 @@ class Config:
     stall_warning_s: float = 10.0
     cache_capacity: int = 64
     fusion_threshold_bytes: int = 64 * 1024 * 1024
+    cycle_time_ms: float = 1.0
     verbose: bool = False
     slowdown: str = ""
     random_slowdown: str = ""
@@ -54,6 +59,7 @@ class Config:
         _require(self.cache_capacity >= 1, "cache_capacity", self.cache_capacity, "an integer >= 1")
         _require(self.fusion_threshold_bytes >= 0, "fusion_threshold_bytes",
                  self.fusion_threshold_bytes, "an integer >= 0 (0 disables fusion)")
+        _require(self.cycle_time_ms >= 0, "cycle_time_ms", self.cycle_time_ms, "a number >= 0")
         _require(self.compute_ms >= 0, "compute_ms", self.compute_ms, "a number >= 0")
         _require(self.ps_servers >= 0, "ps_servers", self.ps_servers, "an integer >= 0")
 

@@ -1,7 +1,7 @@
 """The initialized state of ripples on one rank: one object, created by ``init()``.
 
 It owns the world communicator and its private duplicates, the rank facts, the group
-communicator cache, the queue of pending asynchronous collectives and the fusion buffers.
+communicator cache, the communication engine (pending collectives) and the fusion buffers.
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Callable, List, Optional, Tuple
 
 from mpi4py import MPI
 
-from ripples.comm.control import agree
 from ripples.comm.groups import CommunicatorCache, Group
 from ripples.config import Config
 from ripples.errors import NotInitializedError
@@ -26,8 +25,11 @@ class Runtime:
     """Everything ``init()`` set up. Access it through ``current()``."""
 
     def __init__(self, comm: Optional[MPI.Comm], config: Config):
-        from ripples.ops.fusion import FusionQueue
+        from ripples.ops.collectives import allgather_as_joined, broadcast_as_joined
+        from ripples.ops.engine import Engine
+        from ripples.ops.fusion import FusionBuffers
         from ripples.ops.gpu import NcclCache
+        from ripples.ops.reduction import participate_with_identity, reduce_requests
 
         if not MPI.Is_initialized():
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
@@ -50,11 +52,16 @@ class Runtime:
         self.cross = self.world.Split(color=self.local_rank, key=self.rank)
         self.cross_rank = self.cross.Get_rank()
         self.cross_size = self.cross.Get_size()
+        self.homogeneous = len(set(self.world.allgather(self.local_size))) == 1
         self.world_group: Group = tuple(range(self.size))
         self.nccl = NcclCache()
         self.cache = CommunicatorCache(self.world, config.cache_capacity,
                                        on_free=self.nccl.drop)
-        self.queue = FusionQueue(self)
+        self.buffers = FusionBuffers()
+        self.engine = Engine(self, lambda comm, group, active, requests: reduce_requests(
+            self, comm, group, active, requests), {"allreduce": participate_with_identity,
+                                                   "allgather": allgather_as_joined,
+                                                   "broadcast": broadcast_as_joined})
         self.timeline = make_timeline(config.timeline, self.rank)
         self._closers: List[Callable[[], None]] = []
         # Called by join() before the ranks meet: decentralized and PS optimizers finish
@@ -65,33 +72,12 @@ class Runtime:
                         self.size, self.local_rank, self.local_size, self.cross_rank,
                         self.cross_size, mpi_library())
 
-    def communicator(self, group: Group, what: str, signature: str,
-                     wire: str = "") -> Tuple[MPI.Comm, int]:
-        """The communicator of ``group`` once its members agreed on ``what``/``signature``,
-        and the number of members contributing data (fewer than the group after ``join()``).
-
-        Runs the control exchange (bounded by ``Config.timeout_s``) and builds the
-        communicator when any member lacks it.
-        """
-        comm = self.world if group == self.world_group else self.cache.lookup(group)
-        if len(group) == 1:  # a group of one communicates with nobody: no communicator
-            return comm, 1
-        start = self.timeline.now() if self.timeline.enabled else 0.0
-        decision = agree(self.ctl, group, what, signature, comm is None,
-                         self.config.timeout_s, self.config.stall_warning_s, wire)
-        if self.timeline.enabled:  # the control round trip is where a rank waits for peers
-            self.timeline.complete("wait", "wait", start, self.timeline.now() - start,
-                                   {"group": list(group), "for": what})
-        if decision.create:
-            comm = self.cache.create(group)
-        return comm, decision.active
-
     def at_shutdown(self, closer: Callable[[], None]) -> None:
         """Run ``closer`` at ``shutdown()``, before communicators are released (last in, first run)."""
         self._closers.append(closer)
 
     def close(self) -> None:
-        self.queue.flush()
+        self.engine.close()
         while self._closers:
             self._closers.pop()()
         self.timeline.close()

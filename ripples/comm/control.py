@@ -1,200 +1,243 @@
-"""The control exchange that precedes every collective on a group of ranks.
+"""Negotiation: the control round that decides which named collectives a group runs now.
 
-Before the data moves, each member sends a short record to the group's leader (its lowest
-rank) over a private control communicator, and the leader answers everyone. Polled with a
-deadline, this one round trip gives every collective:
+Every collective has a name (given by the caller, or ``noname.<n>`` counted per group, so
+ranks issuing unnamed collectives in the same order agree). Before data moves, each member
+of a group sends the group's leader (its lowest rank) a record of every collective it has
+pending on that group: name, signature (operation, dtype, shapes, op, scaling) and, for
+collectives a joined rank can take part in, a wire description. The leader answers each
+member with the names pending on *every* active member, in the leader's submission order,
+and the members then run exactly those, in that order. So collectives submitted in
+different orders on different ranks still meet by name, as in Horovod's negotiation.
 
-- a timeout: a member that never arrives is named, on every rank that did, instead of a hang;
-- agreement on what is being run: the members' group, operation, shapes and dtypes must
-  match, or every member raises ``MismatchError`` listing each member's call;
-- agreement on the communicator cache: if any member no longer holds the group's cached
-  communicator, all members rebuild it together, so eviction can stay a purely local choice;
-- Horovod's ``join()``: members that have joined answer every all-reduce of the others with
-  the identity element until all have joined.
+Polled with a deadline, the same round gives:
 
-The data collective that follows is MPI's blocking one, which is several times faster than
-its non-blocking form in Open MPI (measured: 1 MB all-reduce, 2 ranks, 108 us vs 227 us).
+- a timeout: a member that never arrives is named, on every rank that did;
+- mismatch detection: a name whose signatures differ, a member calling on another group,
+  or members that all block on disjoint names (nothing could ever run) raise
+  ``MismatchError`` on every member, listing each member's call;
+- agreement on the communicator cache: if any member lacks the group's communicator, all
+  rebuild it together, so eviction stays a local choice;
+- Horovod's ``join()``: joined members send an empty record and are told which all-reduces,
+  all-gathers and broadcasts to take part in with neutral contributions.
+
+When every record is byte-identical (the steady state: same calls, nobody joined, nothing
+to rebuild) the leader skips all decoding and answers "run everything".
 """
 from __future__ import annotations
 
-import functools
-from typing import Sequence
+import pickle
+from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 from mpi4py import MPI
 
-from ripples.comm.mpi import Deadline, wait_all
+from ripples.comm.mpi import Deadline, poll_until
 from ripples.errors import MismatchError, RipplesError, RipplesTimeoutError
 
-RECORD_BYTES = 512
-# Small enough to travel eagerly through shared memory (Open MPI's limit is 4 KiB with the
-# header); long error texts follow in a second message.
-REPLY_BYTES = 256
 _TAG_RECORD = 11
 _TAG_REPLY = 12
-_TAG_DETAIL = 13
-_SEP = "\x1f"
-_DETAILED = ("mismatch", "timeout")
+
+Entry = Tuple[str, str, str]  # (name, signature, wire); wire is "" if joined ranks cannot help
 
 
-class Agreement:
+class Record:
+    """What one member sends: its pending entries on ``group`` and its state.
+
+    need_create: this member lacks the group's communicator.
+    join_rounds: -1 while active; after ``join()``, the rounds it has answered since.
+    blocked: the member's caller is blocked waiting on one of these entries.
+    """
+
+    __slots__ = ("group", "need_create", "join_rounds", "blocked", "entries")
+
+    def __init__(self, group, need_create: bool, join_rounds: int, blocked: bool,
+                 entries: Sequence[Entry]):
+        self.group, self.need_create, self.join_rounds = tuple(group), need_create, join_rounds
+        self.blocked, self.entries = blocked, tuple(entries)
+
+    def encode(self) -> bytes:
+        return pickle.dumps((self.group, self.need_create, self.join_rounds, self.blocked,
+                             self.entries), protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Record":
+        return cls(*pickle.loads(data))
+
+
+class Decision:
     """What the leader decided for one member.
 
     create: rebuild the group communicator before the data moves.
-    active: members that contribute data (the others have joined).
-    participate: for a joined member, the wire format ``"OP:DTYPE:NUMEL"`` of the all-reduce
-        it must take part in with identity elements; empty otherwise.
+    active: members contributing data (the others have joined).
+    run: names to run now, in this order; for a joined member, ``(name, wire)`` pairs to
+        take part in.
+    failed: name -> error to raise for that collective.
+    missing: name -> ranks that have not submitted it (for names that cannot run yet).
     last_joined: once every member has joined, the rank that joined last; else -1.
     """
 
-    __slots__ = ("create", "active", "participate", "last_joined")
+    __slots__ = ("create", "active", "run", "failed", "missing", "last_joined")
 
-    def __init__(self, create=False, active=0, participate="", last_joined=-1):
-        self.create, self.active = create, active
-        self.participate, self.last_joined = participate, last_joined
-
-
-@functools.lru_cache(maxsize=1024)
-def _encoded(text: str, size: int) -> bytes:
-    """``text`` as a zero-padded buffer of ``size`` bytes (cached: steady-state calls repeat)."""
-    return text.encode("utf-8")[:size].ljust(size, b"\0")
+    def __init__(self, create=False, active=0, run=(), failed=None, missing=None, last_joined=-1):
+        self.create, self.active, self.run = create, active, list(run)
+        self.failed: Dict[str, RipplesError] = failed or {}
+        self.missing: Dict[str, List[int]] = missing or {}
+        self.last_joined = last_joined
 
 
-def _decode(buf: np.ndarray) -> str:
-    return buf.tobytes().split(b"\0", 1)[0].decode("utf-8", errors="replace")
+def negotiate(ctl: MPI.Comm, record: Record, what: str, timeout_s: float,
+              stall_s: float) -> Decision:
+    """Run one control round for ``record.group`` (world ranks, sorted) and return this
+    member's decision. Raises ``RipplesTimeoutError`` when a member (or, for a follower, the
+    leader) does not arrive in time; per-name failures come back in ``Decision.failed``."""
+    group = record.group
+    if ctl.Get_rank() == group[0]:
+        return _lead(ctl, record, what, timeout_s, stall_s)
+    return _follow(ctl, record, what, timeout_s, stall_s)
 
 
-def agree(ctl: MPI.Comm, group: Sequence[int], what: str, signature: str, need_create: bool,
-          timeout_s: float, stall_s: float, wire: str = "", join_rounds: int = -1) -> Agreement:
-    """Run the control round trip for one collective among ``group`` (world ranks, sorted).
-
-    ``what`` names the operation for messages; ``signature`` must be identical on every
-    active member (operation, dtype, shapes). ``wire`` describes an all-reduce's buffer so
-    joined members can take part; ``join_rounds >= 0`` marks the caller as joined (the
-    number of rounds it has already answered). Raises ``MismatchError`` or
-    ``RipplesTimeoutError`` on every member that took part.
-    """
-    me = ctl.Get_rank()
-    leader = group[0]
-    record = _SEP.join([str(int(need_create)), str(join_rounds), wire, str(group), signature])
-    if me == leader:
-        return _lead(ctl, group, what, record, timeout_s, stall_s)
-    return _follow(ctl, leader, group, what, record, timeout_s, stall_s)
-
-
-def _lead(ctl, group, what, record, timeout_s, stall_s) -> Agreement:
+def _lead(ctl, mine: Record, what, timeout_s, stall_s) -> Decision:
+    group = mine.group
     members = group[1:]
-    inbox = [np.empty(RECORD_BYTES, dtype=np.uint8) for _ in members]
-    requests = [ctl.Irecv(buf, source=src, tag=_TAG_RECORD) for buf, src in zip(inbox, members)]
+    raw: Dict[int, bytes] = {}
+    status = MPI.Status()
+
+    def receive() -> bool:
+        for member in members:
+            if member not in raw and ctl.Iprobe(source=member, tag=_TAG_RECORD, status=status):
+                buffer = bytearray(status.Get_count(MPI.BYTE))
+                ctl.Recv([buffer, MPI.BYTE], source=member, tag=_TAG_RECORD)
+                raw[member] = bytes(buffer)
+        return len(raw) == len(members)
 
     def describe() -> str:
-        missing = [m for m, r in zip(members, requests) if not r.Test()]
-        return (f"{what} on group {tuple(group)}: rank(s) {missing} have not called it "
+        missing = [m for m in members if m not in raw]
+        return (f"{what} on group {group}: rank(s) {missing} have not called it "
                 f"(rank {group[0]} is waiting)")
 
     try:
-        wait_all(requests, Deadline(timeout_s, stall_s, describe))
+        poll_until(receive, Deadline(timeout_s, stall_s, describe))
     except RipplesTimeoutError as exc:
-        arrived = [m for m, r in zip(members, requests) if r.Test()]
-        for r in requests:
-            if not r.Test():
-                r.Cancel()
-        _reply(ctl, {m: f"timeout{_SEP}{exc}" for m in arrived}, timeout_s, stall_s, group, what)
+        _send_all(ctl, {m: ("error", "timeout", str(exc)) for m in raw}, timeout_s, stall_s,
+                  group, what)
         raise
-    mine = _encoded(record, RECORD_BYTES)
-    if record.startswith(_PLAIN) and all(buf.tobytes() == mine for buf in inbox):
-        # Steady state: everyone called the same thing, nobody lacks the communicator.
-        verdict = f"ok{_SEP}0{_SEP}{len(group)}"
-        _reply(ctl, {m: verdict for m in members}, timeout_s, stall_s, group, what)
-        return Agreement(create=False, active=len(group))
-    records = {group[0]: record}
-    records.update({m: _decode(buf) for m, buf in zip(members, inbox)})
-    verdicts = _judge(records, group, what)
-    _reply(ctl, {m: verdicts[m] for m in members}, timeout_s, stall_s, group, what)
-    return _outcome(verdicts[group[0]])
+    encoded = mine.encode()
+    if (not mine.need_create and mine.join_rounds < 0
+            and all(data == encoded for data in raw.values())):
+        _send_all(ctl, {m: _RUN_ALL for m in members}, timeout_s, stall_s, group, what)
+        return Decision(active=len(group), run=[e[0] for e in mine.entries])
+    records = {group[0]: mine}
+    records.update({m: Record.decode(data) for m, data in raw.items()})
+    replies = judge(records, what)
+    _send_all(ctl, {m: replies[m] for m in members}, timeout_s, stall_s, group, what)
+    return _decision(replies[group[0]], mine)
 
 
-_PLAIN = f"0{_SEP}-1{_SEP}"  # record prefix: holds the communicator, has not joined
+_RUN_ALL = ("all",)
 
 
-def _judge(records: dict, group, what: str) -> dict:
-    """The verdict text for every member, from every member's record."""
-    fields = {rank: (text.split(_SEP, 4) + ["?"] * 5)[:5] for rank, text in records.items()}
-    create = "1" if any(f[0] == "1" for f in fields.values()) else "0"
-    joined = {rank: int(f[1]) for rank, f in fields.items() if int(f[1]) >= 0}
-    active = {rank: f for rank, f in fields.items() if rank not in joined}
+def judge(records: Dict[int, Record], what: str) -> Dict[int, tuple]:
+    """The reply for every member, from every member's record (a pure function)."""
+    group = next(iter(records.values())).group
+    ranks = sorted(records)
+    calls_on = {r: rec.group for r, rec in records.items()}
+    if len(set(calls_on.values())) > 1:
+        lines = "; ".join(f"rank {r}: group {calls_on[r]} "
+                          f"{[e[1] for e in records[r].entries] or '(nothing)'}" for r in ranks)
+        problem = (f"{what} on group {group}: members called collectives on different groups "
+                   f"({lines}). Every member must call the same collectives with the same "
+                   "group, shape, dtype and op, in the same order across groups")
+        return {r: ("error", "mismatch", problem) for r in ranks}
+    create = any(rec.need_create for rec in records.values())
+    joined = {r: rec.join_rounds for r, rec in records.items() if rec.join_rounds >= 0}
+    active = [r for r in ranks if r not in joined]
     if not active:
-        fresh = [rank for rank, rounds in joined.items() if rounds == 0]
-        last = max(fresh or joined)
-        return {rank: f"alljoined{_SEP}{last}" for rank in records}
-    calls = {rank: (f[3], f[4]) for rank, f in active.items()}
-    problem = ""
-    if len(set(calls.values())) > 1:
-        lines = "; ".join(f"rank {rank}: group {g} {sig}" for rank, (g, sig) in sorted(calls.items()))
-        problem = (f"{what} on group {tuple(group)}: members called it differently ({lines}). "
-                   "Every member must call the same collective with the same group, shape, "
-                   "dtype and op, in the same order")
-    wire = next(iter(active.values()))[2]
-    if joined and not problem and not wire:
-        problem = (f"{what} on group {tuple(group)} while rank(s) {sorted(joined)} have joined: "
-                   "after join() only all-reduce may run until every rank has joined")
-    if problem:
-        return {rank: f"mismatch{_SEP}{problem}" for rank in records}
-    verdicts = {rank: f"ok{_SEP}{create}{_SEP}{len(active)}" for rank in active}
-    verdicts.update({rank: f"participate{_SEP}{create}{_SEP}{wire}" for rank in joined})
-    return verdicts
-
-
-def _reply(ctl, verdicts: dict, timeout_s, stall_s, group, what) -> None:
-    requests = []
-    for member, verdict in verdicts.items():
-        kind, _, detail = verdict.partition(_SEP)
-        if kind in _DETAILED:
-            requests.append(ctl.Isend(_encoded(kind, REPLY_BYTES), dest=member, tag=_TAG_REPLY))
-            requests.append(ctl.Isend(detail.encode("utf-8"), dest=member, tag=_TAG_DETAIL))
+        fresh = [r for r, rounds in joined.items() if rounds == 0]
+        return {r: ("alljoined", max(fresh or joined)) for r in ranks}
+    leader_order = records[active[0]].entries
+    by_rank = {r: {e[0]: e for e in records[r].entries} for r in active}
+    common = [e[0] for e in leader_order if all(e[0] in by_rank[r] for r in active)]
+    failed: Dict[str, tuple] = {}
+    run: List[str] = []
+    for name in common:
+        signatures = {r: by_rank[r][name][1] for r in active}
+        if len(set(signatures.values())) > 1:
+            lines = "; ".join(f"rank {r}: {s}" for r, s in sorted(signatures.items()))
+            failed[name] = ("mismatch", f"{what} {name!r} on group {group}: members called it "
+                            f"differently ({lines}). Every member must call a collective of "
+                            "the same name with the same shape, dtype and op")
+        elif joined and not by_rank[active[0]][name][2]:
+            kind = signatures[active[0]].split(" ", 1)[0]
+            failed[name] = ("mismatch", f"{kind} {name!r} on group {group} while rank(s) "
+                            f"{sorted(joined)} have joined: after join() only allreduce, "
+                            "allgather and broadcast may run until every rank has joined")
         else:
-            requests.append(ctl.Isend(_encoded(verdict, REPLY_BYTES), dest=member, tag=_TAG_REPLY))
-    wait_all(requests, Deadline(timeout_s, stall_s,
-                                lambda: f"{what} on group {tuple(group)}: answering members"))
+            run.append(name)
+    missing: Dict[str, List[int]] = {}
+    for r in active:
+        for name in by_rank[r]:
+            if name not in missing and name not in failed and name not in run:
+                missing[name] = [m for m in active if name not in by_rank[m]]
+    if not run and not failed and missing and all(records[r].blocked for r in active):
+        # Every member waits on a collective that some other member never submitted, and
+        # none can submit more while it waits: nothing could ever run.
+        lines = "; ".join(f"rank {r}: {sorted(by_rank[r])}" for r in active)
+        problem = (f"{what} on group {group}: members are waiting on collectives of different "
+                   f"names ({lines}). Every member must submit the same names")
+        failed = {name: ("mismatch", problem) for name in missing}
+        missing = {}
+    replies = {r: ("ok", create, len(active), run,
+                   {n: f for n, f in failed.items() if n in by_rank[r]},
+                   {n: m for n, m in missing.items() if n in by_rank[r]}) for r in active}
+    wires = [(name, by_rank[active[0]][name][2]) for name in run]
+    replies.update({r: ("participate", create, len(active), wires, {}, {}) for r in joined})
+    return replies
 
 
-def _follow(ctl, leader, group, what, record, timeout_s, stall_s) -> Agreement:
-    reply = np.empty(REPLY_BYTES, dtype=np.uint8)
-    send = ctl.Isend(_encoded(record, RECORD_BYTES), dest=leader, tag=_TAG_RECORD)
-    recv = ctl.Irecv(reply, source=leader, tag=_TAG_REPLY)
+def _send_all(ctl, replies: dict, timeout_s, stall_s, group, what) -> None:
+    requests = [ctl.Isend(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL), dest=member,
+                          tag=_TAG_REPLY) for member, reply in replies.items()]
+    deadline = Deadline(timeout_s, stall_s, lambda: f"{what} on group {group}: answering members")
+    poll_until(lambda: MPI.Request.Testall(requests), deadline)
+
+
+def _follow(ctl, mine: Record, what, timeout_s, stall_s) -> Decision:
+    group = mine.group
+    leader = group[0]
+    send = ctl.Isend(mine.encode(), dest=leader, tag=_TAG_RECORD)
+    status = MPI.Status()
     # The leader answers within its own timeout, naming whoever is missing; a follower
     # gives up later, so that it only ever times out on a leader that is itself absent.
     deadline = Deadline(timeout_s + max(1.0, 0.5 * timeout_s), stall_s, lambda: (
-        f"{what} on group {tuple(group)}: leader rank {leader} has not answered "
+        f"{what} on group {group}: leader rank {leader} has not answered "
         f"(rank {ctl.Get_rank()} is waiting)"))
     try:
-        wait_all([send, recv], deadline)
-        verdict = _decode(reply)
-        if verdict in _DETAILED:
-            status = MPI.Status()
-            while not ctl.Iprobe(source=leader, tag=_TAG_DETAIL, status=status):
-                deadline.check()
-            detail = bytearray(status.Get_count(MPI.BYTE))
-            ctl.Recv([detail, MPI.BYTE], source=leader, tag=_TAG_DETAIL)
-            verdict = f"{verdict}{_SEP}{detail.decode('utf-8', errors='replace')}"
+        poll_until(lambda: ctl.Iprobe(source=leader, tag=_TAG_REPLY, status=status), deadline)
     except RipplesTimeoutError:
-        for r in (send, recv):
-            if not r.Test():
-                r.Cancel()
+        if not send.Test():
+            send.Cancel()
         raise
-    return _outcome(verdict)
+    buffer = bytearray(status.Get_count(MPI.BYTE))
+    ctl.Recv([buffer, MPI.BYTE], source=leader, tag=_TAG_REPLY)
+    send.Wait()
+    return _decision(pickle.loads(buffer), mine)
 
 
-def _outcome(verdict: str) -> Agreement:
-    kind, *rest = verdict.split(_SEP)
-    if kind == "ok":
-        return Agreement(create=rest[0] == "1", active=int(rest[1]))
-    if kind == "participate":
-        return Agreement(create=rest[0] == "1", participate=rest[1])
+def _decision(reply: tuple, mine: Record) -> Decision:
+    kind = reply[0]
+    if kind == "all":
+        return Decision(active=len(mine.group), run=[e[0] for e in mine.entries])
     if kind == "alljoined":
-        return Agreement(last_joined=int(rest[0]))
-    if kind == "mismatch":
-        raise MismatchError(_SEP.join(rest))
-    if kind == "timeout":
-        raise RipplesTimeoutError(_SEP.join(rest))
-    raise RipplesError(f"unexpected control reply {verdict!r}")
+        return Decision(last_joined=reply[1])
+    if kind == "error":
+        raise (MismatchError if reply[1] == "mismatch" else RipplesTimeoutError)(reply[2])
+    _, create, active, run, failed, missing = reply
+    errors = {name: (MismatchError if k == "mismatch" else RipplesTimeoutError)(text)
+              for name, (k, text) in failed.items()}
+    return Decision(create=create, active=active, run=run, failed=errors, missing=missing)
+
+
+def missing_description(missing: Optional[List[int]]) -> str:
+    """Words for the ranks that have not submitted a collective, as last reported."""
+    if missing:
+        return f"rank(s) {missing} have not submitted it"
+    return "not every member submitted it"

@@ -42,9 +42,6 @@ def mpi_op(op: ReduceOp, dtype: torch.dtype, argument: str = "op"):
             raise ValueError(f"{argument}={op} is not defined for bool tensors; use Sum (or), "
                              "Product (and), Min or Max")
         return _BOOL_OPS[op]
-    if op is ReduceOp.AVERAGE and (dtype in INTEGER_TYPES):
-        raise ValueError(f"{argument}=Average is not defined for integer dtype {dtype}; "
-                         "use op=Sum and divide, or a floating dtype")
     return _MPI_OPS[op]
 
 
@@ -88,17 +85,22 @@ class Deadline:
 
 
 def wait_all(requests: Sequence[MPI.Request], deadline: Deadline) -> None:
-    """Poll ``requests`` until all complete or the deadline passes.
+    """Wait until all ``requests`` complete or the deadline passes (see ``poll_until``)."""
+    poll_until(lambda: MPI.Request.Testall(requests), deadline)
+
+
+def poll_until(done: Callable[[], bool], deadline: Deadline) -> None:
+    """Call ``done()`` until it returns True or the deadline passes.
 
     Spins for a moment (a shared-memory round trip takes microseconds), then yields the
     core between polls so that oversubscribed ranks let the peers they wait for run, and
     after a few milliseconds sleeps in short naps; the deadline is checked throughout.
     """
-    if MPI.Request.Testall(requests):
+    if done():
         return
     start = time.perf_counter()
     pause = 0.0
-    while not MPI.Request.Testall(requests):
+    while not done():
         waited = time.perf_counter() - start
         if waited < _SPIN_S:
             continue

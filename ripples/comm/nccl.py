@@ -38,6 +38,11 @@ def nccl_available() -> bool:
     return torch.cuda.is_available()
 
 
+def nccl_version() -> int:
+    """NCCL's version number (e.g. 22105); raises RuntimeError when NCCL is unavailable."""
+    return int(_import_nccl().get_version())
+
+
 def _nccl_dtypes(nccl) -> dict:
     table = {
         torch.float16: nccl.NCCL_FLOAT16, torch.float32: nccl.NCCL_FLOAT32,

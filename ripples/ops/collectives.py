@@ -1,25 +1,30 @@
-"""Horovod's collectives on torch tensors, over MPI (host memory).
+"""Horovod's collectives on torch tensors, over MPI (host memory; CUDA through ``gpu.py``).
 
-Contract shared by every function here: every member of the process set (default: all
-ranks) calls the same collectives in the same order. Members that disagree on shape, dtype
-or op raise ``MismatchError`` on every member; a member that never arrives makes the others
-raise ``RipplesTimeoutError`` after ``Config.timeout_s``.
+Contract shared by every function here: each collective has a name (``name=``, or one
+counted per group for unnamed calls, so members must issue unnamed collectives in the
+same order). Members of the process set (default: all ranks) run a collective once all of
+them have submitted its name, whatever order they submitted names in. Members that call
+one name with different shapes, dtypes or ops raise ``MismatchError`` on every member; a
+member that never submits it makes the others raise ``RipplesTimeoutError`` after
+``Config.timeout_s``. ``*_async`` forms return a ``Handle`` at once: the collective
+progresses in the background, ``poll(handle)`` checks it without waiting and
+``synchronize(handle)`` waits and returns its result.
 """
 from __future__ import annotations
 
 import pickle
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from ripples import runtime as _runtime
 from ripples.comm.mpi import as_buffer, mpi_op, reduction_dtype
+from ripples.ops.engine import Request
 from ripples.ops.handles import Handle
 from ripples.ops.process_sets import ProcessSet, global_process_set
 from ripples.ops.reduce_ops import ReduceOp, check_op
-from ripples.ops.reduction import reduce_pairs, signature, split_by_dtype
+from ripples.ops.reduction import allreduce_wire, signature
 
 
 def resolve_op(op, average) -> ReduceOp:
@@ -37,6 +42,12 @@ def _check_tensor(tensor, argument: str = "tensor") -> torch.Tensor:
     return tensor
 
 
+def _check_tensors(tensors, argument: str = "tensors") -> List[torch.Tensor]:
+    if isinstance(tensors, torch.Tensor):
+        raise TypeError(f"{argument} must be a list of tensors, got a single tensor")
+    return [_check_tensor(t, f"{argument}[{i}]") for i, t in enumerate(tensors)]
+
+
 def _group_of(process_set: ProcessSet, what: str):
     rt = _runtime.current()
     if not isinstance(process_set, ProcessSet):
@@ -48,51 +59,97 @@ def _group_of(process_set: ProcessSet, what: str):
     return rt, group
 
 
+def _names(rt, group, what: str, name: Optional[str], count: int) -> List[str]:
+    """One name per tensor: ``name`` (suffixed ``.i`` for a grouped call) or automatic."""
+    if name is None:
+        name = rt.engine.auto_name(group, what)
+    elif not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, got {type(name).__name__}")
+    return [name] if count == 1 else [f"{name}.{i}" for i in range(count)]
+
+
+def _submit(rt, requests: List[Request], handle: Handle) -> Handle:
+    rt.engine.submit(requests)
+    return handle
+
+
+def _submit_runs(what: str, process_set, name, signatures: Sequence[str],
+                 runs: Sequence[Callable], wires: Sequence[str], handle: Handle) -> Handle:
+    """Submit one request per ``runs[i](comm, active)`` under ``handle``."""
+    rt, group = _group_of(process_set, what)
+    names = _names(rt, group, what, name, len(runs))
+    requests = [Request(n, group, what, sig, handle, wire=wire, run=run)
+                for n, sig, run, wire in zip(names, signatures, runs, wires)]
+    return _submit(rt, requests, handle)
+
+
 # ---------------------------------------------------------------- all-reduce family
 
-def _queue_allreduce(pairs, op, prescale, postscale, group, what, result) -> Handle:
-    rt = _runtime.current()
-    for pair in pairs:
-        mpi_op(op, pair[0].dtype)  # reject e.g. Average on integers at the call, not the flush
-    handle = Handle(what, result)
-    return rt.queue.submit(handle, pairs, op, float(prescale), float(postscale), group, what)
+def _allreduce_async(tensors, outputs, op, prescale, postscale, process_set, name, what,
+                     result, group=None) -> Handle:
+    if group is None:
+        rt, group = _group_of(process_set, what)
+    else:
+        rt = _runtime.current()
+    prescale, postscale = _factor(prescale, "prescale_factor"), _factor(postscale,
+                                                                         "postscale_factor")
+    for tensor in tensors:
+        mpi_op(op, tensor.dtype)  # reject e.g. Average on bool at the call
+    handle = Handle(what, result, parts=len(tensors))
+    names = _names(rt, group, what, name, len(tensors))
+    requests = []
+    for n, source, target in zip(names, tensors, outputs):
+        sig = (f"{signature(what, op, source.dtype, [source.shape])} "
+               f"pre={prescale!r} post={postscale!r}")
+        requests.append(Request(n, group, what, sig, handle,
+                                wire=allreduce_wire(what, op, source, prescale, postscale),
+                                pair=(source, target), reduce=(op, prescale, postscale)))
+    return _submit(rt, requests, handle)
+
+
+def _factor(value, argument: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{argument} must be a number, got {type(value).__name__}")
+    return float(value)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average=None, name=None, op=None,
                              prescale_factor=1.0, postscale_factor=1.0,
-                             process_set=global_process_set, _outputs=None) -> Handle:
-    """Queue an in-place all-reduce of ``tensors``; they are fused with other queued calls."""
-    tensors = [_check_tensor(t, "tensors[i]") for t in tensors]
-    op = resolve_op(op, average)
-    _, group = _group_of(process_set, "allreduce")
-    outputs = tensors if _outputs is None else _outputs
-    return _queue_allreduce(list(zip(tensors, outputs)), op, prescale_factor, postscale_factor,
-                            group, "allreduce", outputs)
+                             process_set=global_process_set) -> Handle:
+    """Start an in-place all-reduce of ``tensors`` (fused with other pending all-reduces);
+    ``synchronize`` returns the list."""
+    tensors = _check_tensors(tensors)
+    return _allreduce_async(tensors, tensors, resolve_op(op, average), prescale_factor,
+                            postscale_factor, process_set, name, "allreduce", tensors)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    """Queue an all-reduce of ``tensors`` into new tensors (returned by ``synchronize``)."""
-    outputs = [torch.empty_like(_check_tensor(t, "tensors[i]"),
-                                memory_format=torch.contiguous_format) for t in tensors]
-    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                    postscale_factor, process_set, _outputs=outputs)
+    """Start an all-reduce of ``tensors`` into new tensors (returned by ``synchronize``)."""
+    tensors = _check_tensors(tensors)
+    outputs = [_new_like(t) for t in tensors]
+    return _allreduce_async(tensors, outputs, resolve_op(op, average), prescale_factor,
+                            postscale_factor, process_set, name, "allreduce", outputs)
+
+
+def _new_like(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(tensor.detach(), memory_format=torch.contiguous_format)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    handle = grouped_allreduce_async_([_check_tensor(tensor)], average, name, op,
-                                      prescale_factor, postscale_factor, process_set)
-    handle.result = tensor
-    return handle
+    """Start an in-place all-reduce of ``tensor``; ``synchronize`` returns it."""
+    tensor = _check_tensor(tensor)
+    return _allreduce_async([tensor], [tensor], resolve_op(op, average), prescale_factor,
+                            postscale_factor, process_set, name, "allreduce", tensor)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    handle = grouped_allreduce_async([_check_tensor(tensor)], average, name, op,
-                                     prescale_factor, postscale_factor, process_set)
-    handle.result = handle.result[0]
-    return handle
+    """Start an all-reduce of ``tensor`` into a new tensor (returned by ``synchronize``)."""
+    output = _new_like(_check_tensor(tensor))
+    return _allreduce_async([tensor], [output], resolve_op(op, average), prescale_factor,
+                            postscale_factor, process_set, name, "allreduce", output)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -103,35 +160,27 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    return _with_compression(compression, tensors, lambda ts: synchronize(grouped_allreduce_async(
-        ts, average, name, op, prescale_factor, postscale_factor, process_set)))
+    return _with_compression(compression, _check_tensors(tensors), lambda ts: synchronize(
+        grouped_allreduce_async(ts, average, name, op, prescale_factor, postscale_factor,
+                                process_set)))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """All-reduce ``tensor`` in place over the process set (default op: Average)."""
-    _check_tensor(tensor)
-    op = resolve_op(op, average)
-    rt, group = _group_of(process_set, "allreduce")
-    rt.queue.flush()
-    reduce_pairs(rt, group, [(tensor, tensor)], op, float(prescale_factor),
-                 float(postscale_factor), "allreduce")
-    return tensor
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
-    """All-reduce into a new tensor (default op: Average). ``compression`` as in Horovod."""
-    def run(tensors):
-        (source,) = tensors
-        output = torch.empty_like(source, memory_format=torch.contiguous_format)
-        op_ = resolve_op(op, average)
-        rt, group = _group_of(process_set, "allreduce")
-        rt.queue.flush()
-        reduce_pairs(rt, group, [(source, output)], op_, float(prescale_factor),
-                     float(postscale_factor), "allreduce")
-        return [output]
-    return _with_compression(compression, [_check_tensor(tensor)], run)[0]
+    """All-reduce into a new tensor (default op: Average). ``compression`` as in Horovod.
+
+    Integer tensors reduce exactly; Average and scaling factors on them are applied as in
+    Horovod (product computed in float64, truncated toward zero)."""
+    return _with_compression(compression, [_check_tensor(tensor)], lambda ts: [synchronize(
+        allreduce_async(ts[0], average, name, op, prescale_factor, postscale_factor,
+                        process_set))])[0]
 
 
 def _with_compression(compression, tensors, run) -> List[torch.Tensor]:
@@ -142,99 +191,188 @@ def _with_compression(compression, tensors, run) -> List[torch.Tensor]:
     return [compression.decompress(r, p[1]) for r, p in zip(results, packed)]
 
 
+def sparse_allreduce_async(tensor, name=None, op=None, process_set=global_process_set) -> Handle:
+    """Start an all-reduce of a sparse COO tensor, as Horovod does: every member's indices
+    and values are all-gathered, and ``synchronize`` returns the sparse sum (divided by the
+    number of members for Average; op must be Average or Sum)."""
+    tensor = _check_tensor(tensor)
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse COO tensor; use allreduce_async "
+                         "for dense tensors")
+    op = resolve_op(op, None)
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(f"op={op} is not supported for sparse tensors; use Average or Sum")
+    rt, group = _group_of(process_set, "sparse_allreduce")
+    coalesced = tensor.detach().coalesce()
+    parts = [coalesced.indices().t().contiguous(), coalesced.values().contiguous()]
+    size, members = tensor.shape, len(group)
+
+    def assemble(gathered):
+        values = gathered[1] / members if op is ReduceOp.AVERAGE else gathered[1]
+        return torch.sparse_coo_tensor(gathered[0].t(), values, size)
+
+    name = name if name is not None else rt.engine.auto_name(group, "sparse_allreduce")
+    handle = grouped_allgather_async(parts, name=name, process_set=process_set)
+    handle.finalize = assemble
+    return handle
+
+
 def synchronize(handle: Handle):
     """Wait for an asynchronous collective and return its result (raises its error)."""
     if not isinstance(handle, Handle):
         raise TypeError(f"synchronize takes a handle from an *_async call, got {handle!r}")
     if not handle.done:
-        _runtime.current().queue.flush()
+        _runtime.current().engine.wait(handle)
     if handle.error is not None:
         raise handle.error
+    if handle.finalize is not None:
+        finalize, handle.finalize = handle.finalize, None
+        handle.result = finalize(handle.result)
     return handle.result
 
 
 def poll(handle: Handle) -> bool:
-    """True once the collective is done. Polling runs the queued collectives (collectively)."""
+    """True once the collective is done. Local and non-blocking: it never communicates."""
     if not isinstance(handle, Handle):
         raise TypeError(f"poll takes a handle from an *_async call, got {handle!r}")
-    if not handle.done:
-        _runtime.current().queue.flush()
     return handle.done
 
 
 # ---------------------------------------------------------------- data movement
 
-def _prepare(process_set, what: str, sig: str):
-    rt, group = _group_of(process_set, what)
-    rt.queue.flush()
-    comm, _ = rt.communicator(group, what, sig)
-    return rt, group, comm
-
-
 def _contiguous_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().clone(memory_format=torch.contiguous_format)
 
 
+def _root_index(group, root_rank, process_set, rank) -> int:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int):
+        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
+    if root_rank not in group:
+        raise ValueError(f"root_rank={root_rank} is not a member of {process_set} "
+                         f"(on rank {rank})")
+    return group.index(root_rank)
+
+
+def broadcast_async_(tensor, root_rank: int, name=None,
+                     process_set=global_process_set) -> Handle:
+    """Start overwriting ``tensor`` on every member with its value on world rank
+    ``root_rank``; ``synchronize`` returns ``tensor``."""
+    tensor = _check_tensor(tensor)
+    rt, group = _group_of(process_set, "broadcast")
+    root = _root_index(group, root_rank, process_set, rt.rank)
+
+    def run(comm, active):
+        if len(group) == 1:
+            return
+        target = tensor if tensor.is_contiguous() else _contiguous_copy(tensor)
+        comm.Bcast(as_buffer(target), root=root)
+        if target is not tensor:
+            tensor.copy_(target)
+
+    sig = f"broadcast root={root_rank} dtype={tensor.dtype} shape={tuple(tensor.shape)}"
+    wire = f"broadcast|{str(tensor.dtype)[6:]}|{tensor.numel()}|{root}"
+    return _submit_runs("broadcast", process_set, name, [sig], [run], [wire],
+                        Handle("broadcast", tensor))
+
+
+def broadcast_async(tensor, root_rank: int, name=None, process_set=global_process_set) -> Handle:
+    """Start a broadcast into a new tensor (returned by ``synchronize``)."""
+    return broadcast_async_(_contiguous_copy(_check_tensor(tensor)), root_rank, name,
+                            process_set)
+
+
 def broadcast_(tensor, root_rank: int, name=None, process_set=global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` on every member with its value on world rank ``root_rank``."""
-    _check_tensor(tensor)
-    rt, group = _group_of(process_set, "broadcast")
-    if root_rank not in group:
-        raise ValueError(f"root_rank={root_rank} is not a member of {process_set} (on rank {rt.rank})")
-    sig = f"broadcast root={root_rank} dtype={tensor.dtype} shape={tuple(tensor.shape)}"
-    _, _, comm = _prepare(process_set, "broadcast", sig)
-    if len(group) == 1:
-        return tensor
-    target = tensor if tensor.is_contiguous() else _contiguous_copy(tensor)
-    comm.Bcast(as_buffer(target), root=group.index(root_rank))
-    if target is not tensor:
-        tensor.copy_(target)
-    return tensor
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 def broadcast(tensor, root_rank: int, name=None, process_set=global_process_set) -> torch.Tensor:
     """Return a new tensor holding ``tensor``'s value on world rank ``root_rank``."""
-    return broadcast_(_contiguous_copy(_check_tensor(tensor)), root_rank, name, process_set)
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def _object_collective(what, process_set, name, sig, body):
+    handle = Handle(what)
+
+    def run(comm, active):
+        handle.result = body(comm)
+
+    return synchronize(_submit_runs(what, process_set, name, [sig], [run], [""], handle))
 
 
 def broadcast_object(obj, root_rank: int = 0, name=None, process_set=global_process_set):
     """Return the picklable ``obj`` of world rank ``root_rank`` on every member."""
     rt, group = _group_of(process_set, "broadcast_object")
-    if root_rank not in group:
-        raise ValueError(f"root_rank={root_rank} is not a member of {process_set} (on rank {rt.rank})")
-    _, _, comm = _prepare(process_set, "broadcast_object", f"broadcast_object root={root_rank}")
-    return obj if len(group) == 1 else comm.bcast(obj, root=group.index(root_rank))
+    root = _root_index(group, root_rank, process_set, rt.rank)
+    return _object_collective("broadcast_object", process_set, name,
+                              f"broadcast_object root={root_rank}",
+                              lambda comm: obj if comm is None else comm.bcast(obj, root=root))
 
 
 def allgather_object(obj, name=None, process_set=global_process_set) -> list:
     """Every member's picklable ``obj``, in rank order."""
-    _, group, comm = _prepare(process_set, "allgather_object", "allgather_object")
-    return [obj] if len(group) == 1 else comm.allgather(obj)
+    pickle.dumps(obj)  # an unpicklable object fails here, on its own rank, before any wait
+    return _object_collective("allgather_object", process_set, name, "allgather_object",
+                              lambda comm: [obj] if comm is None else comm.allgather(obj))
+
+
+def _allgather_run(tensor, handle, index):
+    source = tensor.detach()
+    if not source.is_contiguous():
+        source = _contiguous_copy(source)
+
+    def run(comm, active):
+        if comm is None:
+            output = _contiguous_copy(source)
+        else:
+            rows = np.array(comm.allgather(int(source.shape[0])), dtype=np.int64)
+            output = torch.empty((int(rows.sum()), *source.shape[1:]), dtype=source.dtype)
+            row_numel = int(np.prod(source.shape[1:], dtype=np.int64))
+            comm.Allgatherv(as_buffer(source), [as_buffer(output), (rows * row_numel).tolist()])
+        if index is None:
+            handle.result = output
+        else:
+            handle.result[index] = output
+
+    return run
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
+    """Start all-gathers of ``tensors`` (each along dimension 0, which may differ per
+    member); ``synchronize`` returns the list of gathered tensors."""
+    tensors = _check_tensors(tensors)
+    for i, tensor in enumerate(tensors):
+        if tensor.dim() == 0:
+            raise ValueError(f"allgather needs tensors with at least one dimension; tensors[{i}] "
+                             "is a scalar: use tensor.reshape(1)")
+    handle = Handle("allgather", [None] * len(tensors), parts=len(tensors))
+    sigs = [f"allgather dtype={t.dtype} row={tuple(t.shape[1:])}" for t in tensors]
+    wires = [f"allgather|{str(t.dtype)[6:]}|{list(t.shape[1:])}" for t in tensors]
+    runs = [_allgather_run(t, handle, i) for i, t in enumerate(tensors)]
+    return _submit_runs("allgather", process_set, name, sigs, runs, wires, handle)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
+    """Start an all-gather of ``tensor`` along dimension 0 (``synchronize`` returns it)."""
+    handle = grouped_allgather_async([_check_tensor(tensor)], name, process_set)
+    handle.finalize = lambda results: results[0]
+    return handle
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set) -> List[torch.Tensor]:
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Concatenate every member's ``tensor`` along dimension 0 (which may differ per rank)."""
-    _check_tensor(tensor)
-    if tensor.dim() == 0:
-        raise ValueError("allgather needs a tensor with at least one dimension; "
-                         "use tensor.reshape(1)")
-    sig = f"allgather dtype={tensor.dtype} row={tuple(tensor.shape[1:])}"
-    _, group, comm = _prepare(process_set, "allgather", sig)
-    source = tensor if tensor.is_contiguous() else _contiguous_copy(tensor)
-    if len(group) == 1:
-        return _contiguous_copy(source)
-    rows = np.array(comm.allgather(int(tensor.shape[0])), dtype=np.int64)
-    row_numel = int(np.prod(tensor.shape[1:], dtype=np.int64))
-    output = torch.empty((int(rows.sum()), *tensor.shape[1:]), dtype=tensor.dtype)
-    counts = rows * row_numel
-    comm.Allgatherv(as_buffer(source), [as_buffer(output), counts.tolist()])
-    return output
+    return synchronize(allgather_async(tensor, name, process_set))
 
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Send ``splits[i]`` rows of ``tensor`` (in order) to member ``i``; returns
-    ``(received, received_splits)``. Without ``splits`` dimension 0 is divided evenly."""
-    _check_tensor(tensor)
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
+    """Start an all-to-all: ``splits[i]`` rows of ``tensor`` (in order) go to member ``i``;
+    ``synchronize`` returns ``(received, received_splits)``. Without ``splits`` dimension 0
+    is divided evenly."""
+    tensor = _check_tensor(tensor)
     rt, group = _group_of(process_set, "alltoall")
     k = len(group)
     if tensor.dim() == 0:
@@ -248,53 +386,132 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     if len(splits) != k or any(s < 0 for s in splits) or sum(splits) != tensor.shape[0]:
         raise ValueError(f"alltoall: splits={splits} must have {k} non-negative entries summing "
                          f"to dimension 0 ({tensor.shape[0]}) (on rank {rt.rank})")
+    source = tensor.detach() if tensor.is_contiguous() else _contiguous_copy(tensor)
+    handle = Handle("alltoall")
+
+    def run(comm, active):
+        if comm is None:
+            handle.result = (_contiguous_copy(source), torch.tensor(splits, dtype=torch.int32))
+            return
+        row_numel = int(np.prod(source.shape[1:], dtype=np.int64))
+        received = np.empty(k, dtype=np.int64)
+        comm.Alltoall(np.array(splits, dtype=np.int64), received)
+        output = torch.empty((int(received.sum()), *source.shape[1:]), dtype=source.dtype)
+        comm.Alltoallv([as_buffer(source), [s * row_numel for s in splits]],
+                       [as_buffer(output), (received * row_numel).tolist()])
+        handle.result = (output, torch.from_numpy(received.astype(np.int32)))
+
     sig = f"alltoall dtype={tensor.dtype} row={tuple(tensor.shape[1:])}"
-    _, _, comm = _prepare(process_set, "alltoall", sig)
-    source = tensor if tensor.is_contiguous() else _contiguous_copy(tensor)
-    if k == 1:
-        return _contiguous_copy(source), torch.tensor(splits, dtype=torch.int32)
+    return _submit_runs("alltoall", process_set, name, [sig], [run], [""], handle)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """All-to-all (see ``alltoall_async``); returns ``(received, received_splits)``."""
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+def _reducescatter_run(tensor, op, prescale, postscale, group, me, handle, index):
+    k = len(group)
+    operation = mpi_op(op, tensor.dtype)
+    rows = [tensor.shape[0] // k + (1 if i < tensor.shape[0] % k else 0) for i in range(k)]
     row_numel = int(np.prod(tensor.shape[1:], dtype=np.int64))
-    received = np.empty(k, dtype=np.int64)
-    comm.Alltoall(np.array(splits, dtype=np.int64), received)
-    output = torch.empty((int(received.sum()), *tensor.shape[1:]), dtype=tensor.dtype)
-    send_counts = [s * row_numel for s in splits]
-    recv_counts = (received * row_numel).tolist()
-    comm.Alltoallv([as_buffer(source), send_counts], [as_buffer(output), recv_counts])
-    return output, torch.from_numpy(received.astype(np.int32))
+    red_dtype = reduction_dtype(tensor.dtype)
+    integer = not (tensor.dtype.is_floating_point or tensor.dtype is torch.bool)
+
+    def scaled(t, factor):
+        if factor == 1.0:
+            return t
+        return (t.double() * factor).trunc().to(t.dtype) if integer else t * factor
+
+    def run(comm, active):
+        source = scaled(tensor.detach().to(red_dtype), prescale).contiguous()
+        output = torch.empty((rows[me], *tensor.shape[1:]), dtype=red_dtype)
+        if comm is None:
+            output.copy_(source)
+        else:
+            comm.Reduce_scatter(as_buffer(source), as_buffer(output),
+                                [r * row_numel for r in rows], op=operation)
+        post = postscale / k if op is ReduceOp.AVERAGE else postscale
+        result = scaled(output, post).to(tensor.dtype)
+        if index is None:
+            handle.result = result
+        else:
+            handle.result[index] = result
+
+    return run
+
+
+def grouped_reducescatter_async(tensors, name=None, op=None, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> Handle:
+    """Start reduce-scatters of ``tensors``: each is reduced over the members, then member
+    ``i`` gets the ``i``-th slice of dimension 0 (the first ``dim0 % k`` members get one
+    extra row). Default op: Average. ``synchronize`` returns the list of slices."""
+    tensors = _check_tensors(tensors)
+    op = resolve_op(op, None)
+    rt, group = _group_of(process_set, "reducescatter")
+    prescale = _factor(prescale_factor, "prescale_factor")
+    postscale = _factor(postscale_factor, "postscale_factor")
+    for i, tensor in enumerate(tensors):
+        if tensor.dim() == 0:
+            raise ValueError(f"reducescatter needs tensors with at least one dimension; "
+                             f"tensors[{i}] is a scalar")
+        mpi_op(op, tensor.dtype)
+    handle = Handle("reducescatter", [None] * len(tensors), parts=len(tensors))
+    me = group.index(rt.rank)
+    runs = [_reducescatter_run(t, op, prescale, postscale, group, me, handle, i)
+            for i, t in enumerate(tensors)]
+    sigs = [f"{signature('reducescatter', op, t.dtype, [t.shape])} pre={prescale!r} "
+            f"post={postscale!r}" for t in tensors]
+    return _submit_runs("reducescatter", process_set, name, sigs, runs, [""] * len(runs), handle)
+
+
+def reducescatter_async(tensor, name=None, op=None, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0) -> Handle:
+    handle = grouped_reducescatter_async([_check_tensor(tensor)], name, op, process_set,
+                                         prescale_factor, postscale_factor)
+    handle.finalize = lambda results: results[0]
+    return handle
+
+
+def grouped_reducescatter(tensors, name=None, compression=None, op=None,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0) -> List[torch.Tensor]:
+    return _with_compression(compression, _check_tensors(tensors), lambda ts: synchronize(
+        grouped_reducescatter_async(ts, name, op, process_set, prescale_factor,
+                                    postscale_factor)))
 
 
 def reducescatter(tensor, name=None, compression=None, op=None, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0) -> torch.Tensor:
     """Reduce ``tensor`` over the members, then give member ``i`` the ``i``-th slice of
     dimension 0 (the first ``dim0 % k`` members get one extra row). Default op: Average."""
-    _check_tensor(tensor)
-    op = resolve_op(op, None)
-    rt, group = _group_of(process_set, "reducescatter")
-    k = len(group)
-    if tensor.dim() == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
-    operation = mpi_op(op, tensor.dtype)
-    sig = signature("reducescatter", op, tensor.dtype, [tensor.shape])
-    _, _, comm = _prepare(process_set, "reducescatter", sig)
-    rows = [tensor.shape[0] // k + (1 if i < tensor.shape[0] % k else 0) for i in range(k)]
-    row_numel = int(np.prod(tensor.shape[1:], dtype=np.int64))
-    red_dtype = reduction_dtype(tensor.dtype)
-    source = tensor.detach().to(red_dtype).contiguous()
-    if prescale_factor != 1.0:
-        source = source * prescale_factor
-    me = group.index(rt.rank)
-    output = torch.empty((rows[me], *tensor.shape[1:]), dtype=red_dtype)
-    if k == 1:
-        output.copy_(source)
-    else:
-        comm.Reduce_scatter(as_buffer(source), as_buffer(output),
-                            [r * row_numel for r in rows], op=operation)
-    post = postscale_factor / k if op is ReduceOp.AVERAGE else postscale_factor
-    if post != 1.0:
-        output.mul_(post)
-    return output.to(tensor.dtype)
+    return grouped_reducescatter([_check_tensor(tensor)], name, compression, op, process_set,
+                                 prescale_factor, postscale_factor)[0]
 
 
 def barrier(process_set=global_process_set) -> None:
     """Return once every member has called it (bounded by ``Config.timeout_s``)."""
-    _prepare(process_set, "barrier", "barrier")
+    handle = Handle("barrier")
+    synchronize(_submit_runs("barrier", process_set, None, ["barrier"],
+                             [lambda comm, active: None], [""], handle))
+
+
+# ---------------------------------------------------------------- joined ranks
+
+def allgather_as_joined(comm, wires: Sequence[str]) -> None:
+    """A joined rank's part in an all-gather: it contributes no rows."""
+    _, dtype_name, row = wires[0].split("|")
+    row_shape = [int(x) for x in row.strip("[]").split(",") if x.strip()]
+    dtype = getattr(torch, dtype_name)
+    rows = np.array(comm.allgather(0), dtype=np.int64)
+    row_numel = int(np.prod(row_shape, dtype=np.int64))
+    output = torch.empty((int(rows.sum()), *row_shape), dtype=dtype)
+    comm.Allgatherv(as_buffer(torch.empty((0, *row_shape), dtype=dtype)),
+                    [as_buffer(output), (rows * row_numel).tolist()])
+
+
+def broadcast_as_joined(comm, wires: Sequence[str]) -> None:
+    """A joined rank's part in a broadcast: it receives and discards."""
+    _, dtype_name, numel, root = wires[0].split("|")
+    scratch = torch.empty(int(numel), dtype=getattr(torch, dtype_name))
+    comm.Bcast(as_buffer(scratch), root=int(root))

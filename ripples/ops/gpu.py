@@ -54,7 +54,7 @@ def reduce_on_gpu(runtime, comm, group, pairs, op: ReduceOp, active: int, presca
         if buffer.data_ptr() != source.data_ptr():
             buffer.copy_(source)
     else:
-        buffer = runtime.queue.buffers.get(source.dtype, total, device=source.device)
+        buffer = runtime.buffers.get(source.dtype, total, device=source.device)
         kernels.pack([p[0] for p in pairs], buffer, scale=prescale)
     post = postscale / active if op is ReduceOp.AVERAGE else postscale
     if len(group) > 1:

@@ -1,28 +1,51 @@
 """Handles of asynchronous collectives (``allreduce_async`` and friends)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+import threading
+from typing import Any, Callable, Optional
 
 
 class Handle:
-    """The promise of one asynchronous collective.
+    """The promise of one asynchronous collective (made of ``parts`` named collectives).
 
-    ``synchronize(handle)`` returns its result; ``poll(handle)`` tells whether it is done.
-    Queued collectives run, fused, when any handle is synchronized or polled, when the
-    fusion threshold fills, or before any collective that is not queued.
+    ``synchronize(handle)`` waits and returns its result; ``poll(handle)`` tells, without
+    waiting or communicating, whether it is done. The communication engine completes the
+    parts in the background; the first failure is kept and raised by ``synchronize``.
+    ``finalize`` (optional) runs once on the waiting thread after success and returns the
+    result (e.g. to decompress or to unpack a sparse all-gather).
     """
 
-    __slots__ = ("result", "done", "error", "description")
+    __slots__ = ("result", "error", "description", "finalize", "_left", "_event", "_lock",
+                 "blocking")
 
-    def __init__(self, description: str, result: Any = None, done: bool = False):
+    def __init__(self, description: str, result: Any = None, parts: int = 1,
+                 finalize: Optional[Callable[[Any], Any]] = None):
         self.description = description
         self.result = result
-        self.done = done
         self.error: Optional[BaseException] = None
+        self.finalize = finalize
+        self.blocking = False  # a caller is waiting on it (tells the engine nothing else comes)
+        self._left = parts
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        if parts == 0:
+            self._event.set()
 
-    def finish(self, error: Optional[BaseException] = None) -> None:
-        self.done = True
-        self.error = error
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def part_done(self, error: Optional[BaseException] = None) -> None:
+        """One part finished (with ``error`` if it failed)."""
+        with self._lock:
+            if error is not None and self.error is None:
+                self.error = error
+            self._left -= 1
+            if self._left == 0:
+                self._event.set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._event.wait(timeout)
 
     def __repr__(self) -> str:
         state = "failed" if self.error else ("done" if self.done else "pending")

@@ -12,10 +12,9 @@ import torch
 
 from ripples import runtime as _runtime
 from ripples.comm.groups import normalize_group
-from ripples.ops.collectives import _check_tensor, _queue_allreduce
+from ripples.ops.collectives import _allreduce_async, _check_tensor, _check_tensors, synchronize
 from ripples.ops.handles import Handle
 from ripples.ops.reduce_ops import ReduceOp, check_op
-from ripples.ops.reduction import reduce_pairs, split_by_dtype
 
 WHAT = "partial_allreduce"
 
@@ -25,20 +24,26 @@ def _prepare(group: Iterable[int], op):
     return rt, normalize_group(group, rt.rank, rt.size), check_op(op)
 
 
-def grouped_partial_allreduce_(tensors: Sequence[torch.Tensor], group: Iterable[int],
-                               op=ReduceOp.AVERAGE, name=None) -> Sequence[torch.Tensor]:
-    """P-Reduce ``tensors`` in place over ``group``: one fused collective per dtype.
+def grouped_partial_allreduce_async_(tensors: Sequence[torch.Tensor], group: Iterable[int],
+                                     op=ReduceOp.AVERAGE, name=None) -> Handle:
+    """Start an in-place P-Reduce of ``tensors`` over ``group`` (fused per dtype);
+    ``synchronize`` returns the list.
 
     Every member of ``group`` (an iterable of world ranks containing the caller) must call
-    it with the same group, shapes, dtypes and op. Raises ValueError on the calling rank if
-    it is not a member or the group has duplicate or out-of-range ranks.
+    it with the same group, shapes, dtypes and op (and name, if given). Raises ValueError
+    on the calling rank if it is not a member or the group has duplicate or out-of-range
+    ranks.
     """
-    tensors = [_check_tensor(t, "tensors[i]") for t in tensors]
+    tensors = _check_tensors(tensors)
     rt, members, op = _prepare(group, op)
-    rt.queue.flush()
-    for pairs in split_by_dtype([(t, t) for t in tensors]):
-        reduce_pairs(rt, members, pairs, op, what=WHAT)
-    return tensors
+    return _allreduce_async(tensors, tensors, op, 1.0, 1.0, None, name, WHAT, tensors,
+                            group=members)
+
+
+def grouped_partial_allreduce_(tensors: Sequence[torch.Tensor], group: Iterable[int],
+                               op=ReduceOp.AVERAGE, name=None) -> Sequence[torch.Tensor]:
+    """P-Reduce ``tensors`` in place over ``group`` (see ``grouped_partial_allreduce_async_``)."""
+    return synchronize(grouped_partial_allreduce_async_(tensors, group, op, name))
 
 
 def partial_allreduce_(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.AVERAGE,
@@ -57,13 +62,14 @@ def partial_allreduce(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.AV
 
 def partial_allreduce_async_(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.AVERAGE,
                              name=None) -> Handle:
-    """Queue an in-place P-Reduce; queued P-Reduces on one group are fused."""
-    _check_tensor(tensor)
-    rt, members, op = _prepare(group, op)
-    return _queue_allreduce([(tensor, tensor)], op, 1.0, 1.0, members, WHAT, tensor)
+    """Start an in-place P-Reduce; ``synchronize`` returns ``tensor``."""
+    handle = grouped_partial_allreduce_async_([_check_tensor(tensor)], group, op, name)
+    handle.result = tensor
+    return handle
 
 
 def partial_allreduce_async(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.AVERAGE,
                             name=None) -> Handle:
+    """Start a P-Reduce into a new tensor (returned by ``synchronize``)."""
     output = _check_tensor(tensor).detach().clone(memory_format=torch.contiguous_format)
     return partial_allreduce_async_(output, group, op, name)

@@ -1,39 +1,73 @@
 """Process sets: collectives among a fixed subset of ranks (Horovod's ``ProcessSet``).
 
-Unlike Horovod, creating a set needs only its members: the set's communicator is made with
-``Comm.Create_group`` at its first collective, by its members alone.
+Unlike Horovod, creating a set needs only its members and no registration: the set's
+communicator is made with ``Comm.Create_group`` at its first collective, by its members
+alone. ``add_process_set`` and ``init(process_sets=...)`` only check the set and give it a
+``process_set_id``, as Horovod does.
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional, Tuple
+import itertools
+from typing import Dict, List, Optional, Tuple
+
+from mpi4py import MPI
 
 from ripples import runtime as _runtime
 
 
 class ProcessSet:
-    """A set of world ranks. ``ProcessSet(None)`` is the global set (every rank)."""
+    """A set of world ranks, from a list of ranks or an mpi4py communicator (whose members
+    form the set). ``ProcessSet(None)`` is the global set (every rank).
 
-    def __init__(self, ranks: Optional[Iterable[int]] = None):
-        if ranks is None:
-            self.ranks: Optional[Tuple[int, ...]] = None
+    ``ranks`` is the sorted list of world ranks (for a communicator or the global set, known
+    once ripples is initialized); ``process_set_id`` is 0 for the global set and assigned by
+    ``add_process_set``/``init(process_sets=...)`` otherwise.
+    """
+
+    def __init__(self, ranks_or_comm=None):
+        self.process_set_id: Optional[int] = None
+        self._ranks: Optional[Tuple[int, ...]] = None
+        self.mpi_comm: Optional[MPI.Comm] = None
+        if ranks_or_comm is None:
             return
-        members = sorted(int(r) for r in ranks)
+        if isinstance(ranks_or_comm, MPI.Comm):
+            self.mpi_comm = ranks_or_comm
+            return
+        try:
+            members = sorted(ranks_or_comm)
+        except TypeError:
+            raise TypeError("ProcessSet takes a list of ranks or an mpi4py communicator, got "
+                            f"{ranks_or_comm!r}") from None
+        if any(isinstance(r, bool) or not isinstance(r, int) for r in members):
+            raise ValueError(f"ProcessSet(ranks={members}) must list integer ranks")
         if not members:
             raise ValueError("ProcessSet(ranks) needs at least one rank")
         if len(set(members)) != len(members):
             raise ValueError(f"ProcessSet(ranks={members}) lists a rank twice")
         if members[0] < 0:
             raise ValueError(f"ProcessSet(ranks={members}) has a negative rank")
-        self.ranks = tuple(members)
+        self._ranks = tuple(members)
+
+    @property
+    def ranks(self) -> Optional[List[int]]:
+        if self._ranks is None and _runtime.is_initialized():
+            return list(self.group())
+        return None if self._ranks is None else list(self._ranks)
+
+    def is_global(self) -> bool:
+        return self._ranks is None and self.mpi_comm is None
 
     def group(self) -> Tuple[int, ...]:
         """The sorted world ranks of the set (checked against the world size)."""
         rt = _runtime.current()
-        if self.ranks is None:
+        if self.mpi_comm is not None and self._ranks is None:
+            self._ranks = _world_ranks_of(self.mpi_comm, rt)
+        if self._ranks is None:
             return rt.world_group
-        if self.ranks[-1] >= rt.size:
-            raise ValueError(f"process set {self.ranks} has ranks beyond the world size {rt.size}")
-        return self.ranks
+        if self._ranks[-1] >= rt.size:
+            raise ValueError(f"process set {list(self._ranks)} has ranks beyond the world size "
+                             f"{rt.size} (on rank {rt.rank}); use ranks 0..{rt.size - 1}")
+        return self._ranks
 
     def included(self) -> bool:
         return _runtime.current().rank in self.group()
@@ -48,18 +82,70 @@ class ProcessSet:
         return group.index(me) if me in group else -1
 
     def __repr__(self) -> str:
-        return "ProcessSet(global)" if self.ranks is None else f"ProcessSet({list(self.ranks)})"
+        if self.is_global():
+            return "ProcessSet(global)"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+def _world_ranks_of(comm: MPI.Comm, rt) -> Tuple[int, ...]:
+    """World ranks of ``comm``'s members, computed locally by group translation; ranks that
+    are not in ripples' world give an error."""
+    group = comm.Get_group()
+    world = rt.world.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
+    finally:
+        group.Free()
+        world.Free()
+    if any(r == MPI.UNDEFINED for r in ranks):
+        raise ValueError("ProcessSet(comm): the communicator has members outside ripples' world")
+    return tuple(sorted(ranks))
 
 
 global_process_set = ProcessSet(None)
+global_process_set.process_set_id = 0
+
+_registered: Dict[int, ProcessSet] = {0: global_process_set}
+_ids = itertools.count(1)
 
 
 def add_process_set(ranks) -> ProcessSet:
-    """Create a process set of ``ranks`` (a ``ProcessSet`` or an iterable of world ranks)."""
-    return ranks if isinstance(ranks, ProcessSet) else ProcessSet(ranks)
+    """Register a process set of ``ranks`` (a ``ProcessSet``, a list of world ranks or an
+    mpi4py communicator) and return it with its ``process_set_id``. Local: no collective."""
+    process_set = ranks if isinstance(ranks, ProcessSet) else ProcessSet(ranks)
+    if process_set.is_global():
+        return global_process_set
+    process_set.group()  # validates against the world size
+    for known in _registered.values():
+        if known is not process_set and known.ranks == process_set.ranks:
+            process_set.process_set_id = known.process_set_id
+            return process_set
+    if process_set.process_set_id is None:
+        process_set.process_set_id = next(_ids)
+        _registered[process_set.process_set_id] = process_set
+    return process_set
 
 
-def remove_process_set(process_set: ProcessSet) -> None:
-    """Free the set's communicator on this rank (it is rebuilt if the set is used again)."""
-    if process_set.ranks is not None:
-        _runtime.current().cache.discard(process_set.ranks)
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Forget a registered set and free its communicator on this rank; False for the global
+    set (which is never removed) or a set that is not registered."""
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"remove_process_set takes a ProcessSet, got {type(process_set).__name__}")
+    if process_set.is_global():
+        return False
+    if process_set._ranks is not None and _runtime.is_initialized():
+        _runtime.current().engine.discard_group(process_set._ranks)
+    known = _registered.pop(process_set.process_set_id, None) if process_set.process_set_id else None
+    process_set.process_set_id = None
+    return known is not None
+
+
+def process_sets() -> List[ProcessSet]:
+    """The registered process sets, by id (the global set first)."""
+    return [_registered[i] for i in sorted(_registered)]
+
+
+def process_set_by_id(process_set_id: int) -> ProcessSet:
+    if process_set_id not in _registered:
+        raise ValueError(f"no process set has id {process_set_id}")
+    return _registered[process_set_id]

@@ -1,7 +1,7 @@
 """The one routine that all-reduces a list of tensors over a group of ranks.
 
-Both the synchronous calls and the fused flush of queued asynchronous calls end here, as
-do Partial All-Reduce and the decentralized optimizer's parameter averaging.
+Every agreed all-reduce run of the engine ends here: blocking and asynchronous calls,
+Partial All-Reduce and the decentralized optimizer's parameter averaging.
 """
 from __future__ import annotations
 
@@ -34,45 +34,63 @@ def _signature(what: str, op: ReduceOp, dtype: torch.dtype, shapes: tuple) -> st
     return text
 
 
-def reduce_pairs(runtime, group: Group, pairs: Sequence[Pair], op: ReduceOp,
-                 prescale: float = 1.0, postscale: float = 1.0, what: str = "allreduce") -> None:
-    """All-reduce ``pairs`` (inputs into outputs) over ``group``; all share one dtype.
+def allreduce_wire(what: str, op: ReduceOp, tensor: torch.Tensor, prescale: float,
+                   postscale: float) -> str:
+    """The wire text of an all-reduce request: its fusion key, then what a joined rank needs
+    to take part (MPI op, reduction dtype, element count) and its size for chunking."""
+    red_dtype = reduction_dtype(tensor.dtype)
+    name = next(n for n, o in _OP_NAMES.items() if o == mpi_op(op, tensor.dtype))
+    key = f"{what}:{str(tensor.dtype)[6:]}:{op}:{prescale!r}:{postscale!r}:{tensor.device.type}"
+    return (f"allreduce|{key}|{name}|{str(red_dtype)[6:]}|{tensor.numel()}|"
+            f"{tensor.numel() * tensor.element_size()}")
 
-    Average divides by the number of members contributing (all of them unless some have
-    joined). A single contiguous tensor of a dtype MPI reduces
-    natively goes to MPI without a copy; anything else is packed into one fusion buffer
-    (prescale folded into the pack, postscale into the unpack).
+
+def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair], op: ReduceOp,
+                 prescale: float = 1.0, postscale: float = 1.0, what: str = "allreduce") -> None:
+    """All-reduce ``pairs`` (inputs into outputs, one dtype) over ``group``'s communicator
+    ``comm``, once the members have agreed to (the engine calls this).
+
+    Average divides by ``active``, the members contributing (all of them unless some have
+    joined). A single contiguous tensor of a dtype MPI reduces natively goes to MPI without
+    a copy; anything else is packed into one fusion buffer (prescale folded into the pack,
+    postscale into the unpack). Integer tensors are scaled as Horovod does: the product in
+    float64, truncated toward zero.
     """
     timeline = runtime.timeline
     start = timeline.now() if timeline.enabled else 0.0
-    _reduce(runtime, group, pairs, op, prescale, postscale, what)
+    _reduce(runtime, comm, group, active, pairs, op, prescale, postscale)
     if timeline.enabled:
         nbytes = sum(p[0].numel() * p[0].element_size() for p in pairs)
         timeline.complete(what, "communication", start, timeline.now() - start,
                           {"group": list(group), "bytes": nbytes, "tensors": len(pairs)})
 
 
-def _reduce(runtime, group, pairs, op, prescale, postscale, what) -> None:
+def reduce_requests(runtime, comm, group: Group, active: int, requests) -> None:
+    """Reduce one fused run of agreed all-reduce requests (same dtype, op and scaling)."""
+    op, prescale, postscale = requests[0].reduce
+    reduce_pairs(runtime, comm, group, active, [r.pair for r in requests], op, prescale,
+                 postscale, requests[0].what)
+
+
+def _reduce(runtime, comm, group, active, pairs, op, prescale, postscale) -> None:
     dtype = pairs[0][0].dtype
     mpi_operation = mpi_op(op, dtype)
-    red_dtype = reduction_dtype(dtype)
-    total = sum(p[0].numel() for p in pairs)
-    sig = signature(what, op, dtype, [p[0].shape for p in pairs])
+    post = postscale / active if op is ReduceOp.AVERAGE else postscale
     if pairs[0][0].is_cuda:
-        # Joined ranks take part from host memory, which a GPU collective cannot mix with.
-        comm, active = runtime.communicator(group, what, sig + " device=cuda")
         reduce_on_gpu(runtime, comm, group, pairs, op, active, prescale, postscale, mpi_operation)
         return
-    comm, active = runtime.communicator(group, what, sig,
-                                        wire=wire_format(mpi_operation, red_dtype, total))
-    post = postscale / active if op is ReduceOp.AVERAGE else postscale
+    if not (dtype.is_floating_point or dtype is torch.bool):
+        _reduce_integers(comm, len(group), pairs, mpi_operation, prescale, post)
+        return
+    red_dtype = reduction_dtype(dtype)
     if len(pairs) == 1 and prescale == 1.0 and red_dtype == dtype:
         source, target = pairs[0]
         if source.is_contiguous() and target.is_contiguous():
             _reduce_one(comm, source, target, mpi_operation, len(group))
             kernels.scale_(target, post)
             return
-    buffer = runtime.queue.buffers.get(red_dtype, total)
+    total = sum(p[0].numel() for p in pairs)
+    buffer = runtime.buffers.get(red_dtype, total)
     kernels.pack([p[0] for p in pairs], buffer, scale=prescale)
     if len(group) > 1:
         comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=mpi_operation)
@@ -89,15 +107,32 @@ def _reduce_one(comm, source: torch.Tensor, target: torch.Tensor, operation, gro
         comm.Allreduce(as_buffer(source), as_buffer(target), op=operation)
 
 
-def wire_format(operation, dtype: torch.dtype, numel: int) -> str:
-    """What a joined rank needs to take part in this all-reduce: op, dtype, element count."""
-    name = next(n for n, o in _OP_NAMES.items() if o is operation or o == operation)
-    return f"{name}:{str(dtype)[6:]}:{numel}"
+def _reduce_integers(comm, group_size, pairs, operation, prescale, post) -> None:
+    for source, target in pairs:
+        if prescale != 1.0:
+            source = _scaled_integers(source, prescale)
+        if not (source.is_contiguous() and target.is_contiguous()):
+            work = source.contiguous().clone() if source.data_ptr() == target.data_ptr() \
+                else source.contiguous()
+            result = torch.empty_like(work)
+            _reduce_one(comm, work, result, operation, group_size)
+            target.copy_(result)
+        else:
+            _reduce_one(comm, source, target, operation, group_size)
+        if post != 1.0:
+            target.copy_(_scaled_integers(target, post))
 
 
-def participate_with_identity(comm, wire: str) -> None:
-    """Take part in an all-reduce described by ``wire`` contributing the op's identity."""
-    name, dtype_name, numel = wire.split(":")
+def _scaled_integers(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    return (tensor.to(torch.float64) * factor).trunc().to(tensor.dtype)
+
+
+def participate_with_identity(comm, wires: Sequence[str]) -> None:
+    """Take part in one fused all-reduce of the requests described by ``wires`` (see
+    ``allreduce_wire``), contributing the op's identity: what a joined rank does."""
+    fields = [w.split("|") for w in wires]
+    name, dtype_name = fields[0][2], fields[0][3]
+    numel = sum(int(f[4]) for f in fields)
     dtype = getattr(torch, dtype_name)
     operation = _OP_NAMES[name]
     if name == "SUM":

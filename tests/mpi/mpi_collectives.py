@@ -62,9 +62,19 @@ def test_allreduce_product_and_bool():
     assert hvd.allreduce(flags, op=hvd.Min).tolist() == [N == 1, True, False]    # and
 
 
-def test_average_of_integers_is_rejected():
-    with pytest.raises(ValueError, match="Average is not defined for integer"):
-        hvd.allreduce(torch.ones(2, dtype=torch.int32))
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int8])
+def test_integer_average_and_scaling_truncate_toward_zero_as_horovod(dtype):
+    """Horovod scales integer results in float64 and truncates toward zero."""
+    import math
+    mine = [7 * R + 1, -(5 * R + 3), 2]
+    got = hvd.allreduce(torch.tensor(mine, dtype=dtype), op=hvd.Average)
+    sums = [sum(7 * r + 1 for r in RANKS), -sum(5 * r + 3 for r in RANKS), 2 * N]
+    assert got.dtype == dtype and got.tolist() == [math.trunc(s / N) for s in sums]
+    scaled = hvd.allreduce(torch.tensor(mine, dtype=dtype), op=hvd.Sum, prescale_factor=0.5,
+                           postscale_factor=3.0)
+    pre = [sum(math.trunc([7 * r + 1, -(5 * r + 3), 2][i] * 0.5) for r in RANKS)
+           for i in range(3)]
+    assert scaled.tolist() == [math.trunc(p * 3.0) for p in pre]
 
 
 def test_adasum_is_not_implemented():
@@ -89,15 +99,16 @@ def test_fusion_matches_unfused():
                enumerate([torch.float32, torch.float16, torch.float32, torch.bfloat16, torch.int64])]
     unfused = [hvd.allreduce(t, op=hvd.Sum) for t in tensors]
     handles = [hvd.allreduce_async(t, op=hvd.Sum) for t in tensors]
-    assert len(current().queue) == len(tensors)  # queued, not yet run
-    fused = [hvd.synchronize(h) for h in handles]
+    fused = [hvd.synchronize(h) for h in reversed(handles)][::-1]
     for a, b in zip(unfused, fused):
         assert a.dtype == b.dtype and torch.equal(a, b)
     grouped = hvd.grouped_allreduce(tensors, op=hvd.Sum)
     assert all(torch.equal(a, b) for a, b in zip(unfused, grouped))
     in_place = [t.clone() for t in tensors]
     handle = hvd.grouped_allreduce_async_(in_place, op=hvd.Sum)
-    assert hvd.poll(handle) and all(torch.equal(a, b) for a, b in zip(unfused, in_place))
+    result = hvd.synchronize(handle)
+    assert hvd.poll(handle) and all(a is b for a, b in zip(result, in_place))
+    assert all(torch.equal(a, b) for a, b in zip(unfused, in_place))
 
 
 def test_compression():

@@ -1,0 +1,333 @@
+"""The communication engine: every collective of a rank runs here, matched by name.
+
+A collective is submitted as one or more named requests (a grouped call gives one request
+per tensor, sharing a ``Handle``). Requests wait in submission order. A control round on a
+group (``ripples.comm.control.negotiate``) tells which of them every member has submitted;
+those run at once, in the leader's order, consecutive all-reduces of one kind fused into
+few buffers. Asynchronous collectives progress on a background thread, so ``poll`` is a
+local check and communication overlaps with whatever the caller does next; a caller that
+waits (``synchronize`` or a blocking collective) runs the rounds itself when the thread is
+idle, so a blocking collective costs no thread hand-off.
+
+Groups are served oldest request first, on every rank, so collectives on different groups
+must still be issued in one consistent order across ranks (as with MPI); within a group,
+names may come in any order.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ripples.comm.control import Decision, Record, missing_description, negotiate
+from ripples.errors import RipplesError, RipplesTimeoutError
+from ripples.ops.handles import Handle
+
+Pair = Tuple[torch.Tensor, torch.Tensor]
+
+
+class Request:
+    """One named collective on one group.
+
+    An all-reduce carries ``pair`` and a ``wire`` text starting with ``"allreduce|"`` and is
+    fused with its neighbours of equal ``fuse_key``; anything else carries ``run(comm,
+    active)``, which does the data movement once the members agreed.
+    """
+
+    __slots__ = ("name", "group", "what", "signature", "wire", "handle", "pair", "reduce",
+                 "run", "fuse_key", "nbytes", "submitted", "missing")
+
+    def __init__(self, name: str, group, what: str, signature: str, handle: Handle,
+                 wire: str = "", pair: Optional[Pair] = None, reduce=None,
+                 run: Optional[Callable] = None):
+        self.name, self.group, self.what = name, tuple(group), what
+        self.signature, self.wire, self.handle = signature, wire, handle
+        self.pair, self.reduce, self.run = pair, reduce, run
+        self.fuse_key = wire.split("|", 2)[1] if pair is not None else None
+        self.nbytes = pair[0].numel() * pair[0].element_size() if pair is not None else 0
+        self.submitted = time.monotonic()
+        self.missing: Optional[List[int]] = None
+
+
+class Engine:
+    """Pending requests of one rank and the thread that progresses them."""
+
+    def __init__(self, runtime, reduce_fused: Callable, participate: Dict[str, Callable]):
+        self._rt = runtime
+        self._reduce_fused = reduce_fused  # (comm, group, active, requests) for one fused chunk
+        self._participate = participate    # kind -> (comm, wires) for a joined rank
+        self._lock = threading.Lock()      # guards the pending list and names
+        self._wake = threading.Condition(self._lock)
+        self._comm_lock = threading.Lock()  # whoever holds it talks to the other ranks
+        self._pending: List[Request] = []
+        self._names: Dict[tuple, Request] = {}
+        self._unnamed: Dict[tuple, int] = {}
+        self._thread: Optional[threading.Thread] = None
+        self._closing = False
+        self._join_rounds = -1
+
+    # ------------------------------------------------------------------ submission
+
+    def auto_name(self, group, what: str) -> str:
+        """The name of an unnamed collective: counted per group, so members that issue
+        unnamed collectives in the same order agree without talking."""
+        group = tuple(group)
+        with self._lock:
+            n = self._unnamed.get(group, 0)
+            self._unnamed[group] = n + 1
+        return f"{what}.noname.{n}"
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Queue ``requests`` (all or none); a name already in flight on the group raises."""
+        with self._lock:
+            seen = set()
+            for request in requests:
+                key = (request.group, request.name)
+                if key in self._names or key in seen:
+                    raise ValueError(
+                        f"a collective named {request.name!r} is already in flight on group "
+                        f"{request.group} (rank {self._rt.rank}); give concurrent collectives "
+                        "distinct names, or synchronize the first before reusing its name")
+                seen.add(key)
+            for request in requests:
+                self._names[(request.group, request.name)] = request
+                self._pending.append(request)
+            self._wake.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="ripples-engine",
+                                                daemon=True)
+                self._thread.start()
+
+    def wait(self, handle: Handle) -> None:
+        """Block until ``handle`` is done, running control rounds here when nobody else is."""
+        handle.blocking = True
+        pause = 0.0
+        while not handle.done:
+            if self._comm_lock.acquire(blocking=False):
+                try:
+                    progressed = handle.done or self._step()
+                finally:
+                    self._comm_lock.release()
+                if progressed:
+                    pause = 0.0
+                    continue
+                pause = min(_MAX_PAUSE_S, pause * 2 or _MIN_PAUSE_S)
+                handle.wait(pause)
+            else:
+                handle.wait(_MAX_PAUSE_S)
+
+    def run(self, requests: Sequence[Request], handle: Handle):
+        """Submit and wait: the blocking form of a collective. Raises its error."""
+        self.submit(requests)
+        self.wait(handle)
+        if handle.error is not None:
+            raise handle.error
+        return handle.result
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def drain(self) -> None:
+        """Wait until every submitted request has finished (failures stay in their handles)."""
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                handle = self._pending[0].handle
+            self.wait(handle)
+
+    def discard_group(self, group) -> None:
+        """Free ``group``'s cached communicator here (members rebuild it if it is used again)."""
+        with self._comm_lock:
+            self._rt.cache.discard(tuple(group))
+
+    # ------------------------------------------------------------------ progress
+
+    def _serve(self) -> None:
+        pause = 0.0
+        cycle_s = self._rt.config.cycle_time_ms / 1000.0
+        while True:
+            with self._wake:
+                idle = not self._pending
+                while not self._pending and not self._closing:
+                    self._wake.wait()
+                if not self._pending:
+                    return
+            if idle and cycle_s:  # let a burst of submissions gather into one round
+                time.sleep(cycle_s)
+            with self._comm_lock:
+                progressed = self._step()
+            if progressed:
+                pause = 0.0
+            else:  # peers have not submitted yet: back off instead of spinning rounds
+                pause = min(_MAX_PAUSE_S, pause * 2 or _MIN_PAUSE_S)
+                time.sleep(pause)
+
+    def _step(self) -> bool:
+        """One control round on the group of the oldest request, and the agreed data
+        movement. Returns whether anything finished. Caller holds the comm lock."""
+        rt = self._rt
+        with self._lock:
+            if not self._pending:
+                return False
+            group = self._pending[0].group
+            batch = [r for r in self._pending if r.group == group]
+        by_name = {r.name: r for r in batch}
+        comm = rt.world if group == rt.world_group else rt.cache.lookup(group)
+        if len(group) == 1:
+            decision = Decision(active=1, run=list(by_name))
+        else:
+            record = Record(group, comm is None, -1, any(r.handle.blocking for r in batch),
+                            [(r.name, r.signature, r.wire) for r in batch])
+            what = batch[0].what
+            start = rt.timeline.now() if rt.timeline.enabled else 0.0
+            try:
+                decision = negotiate(rt.ctl, record, what, rt.config.timeout_s,
+                                     rt.config.stall_warning_s)
+            except RipplesError as exc:
+                self._finish(batch, exc)
+                return True
+            if rt.timeline.enabled:  # the control round is where a rank waits for its peers
+                rt.timeline.complete("wait", "wait", start, rt.timeline.now() - start,
+                                     {"group": list(group), "for": what,
+                                      "names": len(decision.run)})
+            if decision.create:
+                comm = rt.cache.create(group)
+        for name, error in decision.failed.items():
+            self._finish([by_name[name]], error)
+        self._execute(comm, group, decision.active, [by_name[n] for n in decision.run])
+        progressed = bool(decision.run or decision.failed)
+        if not progressed:
+            self._expire(batch, decision)
+        return progressed
+
+    def _expire(self, batch: List[Request], decision: Decision) -> None:
+        """Fail requests that other members have not matched within the timeout."""
+        now = time.monotonic()
+        timeout = self._rt.config.timeout_s
+        for request in batch:
+            request.missing = decision.missing.get(request.name, request.missing)
+            if now - request.submitted > timeout:
+                self._finish([request], RipplesTimeoutError(
+                    f"{request.what} {request.name!r} on group {request.group}: "
+                    f"{missing_description(request.missing)} within {timeout:g} s "
+                    f"(rank {self._rt.rank} is waiting; Config.timeout_s / RIPPLES_TIMEOUT_S)"))
+
+    def _execute(self, comm, group, active: int, requests: List[Request]) -> None:
+        threshold = max(1, self._rt.config.fusion_threshold_bytes)
+        i = 0
+        while i < len(requests):
+            first = requests[i]
+            if first.pair is None:
+                self._run_one(first, comm, active)
+                i += 1
+                continue
+            j = i
+            while j < len(requests) and requests[j].fuse_key == first.fuse_key:
+                j += 1
+            for chunk in fusion_chunks([r.nbytes for r in requests[i:j]], threshold):
+                members = [requests[i + k] for k in chunk]
+                error = None
+                try:
+                    self._reduce_fused(comm, group, active, members)
+                except BaseException as exc:  # kept in the handles, raised by synchronize
+                    error = exc
+                self._finish(members, error)
+            i = j
+
+    def _run_one(self, request: Request, comm, active: int) -> None:
+        error = None
+        try:
+            request.run(comm, active)
+        except BaseException as exc:
+            error = exc
+        self._finish([request], error)
+
+    def _finish(self, requests: Sequence[Request], error: Optional[BaseException]) -> None:
+        with self._lock:
+            for request in requests:
+                if self._names.pop((request.group, request.name), None) is not None:
+                    self._pending.remove(request)
+        for request in requests:
+            request.handle.part_done(error)
+
+    # ------------------------------------------------------------------ join
+
+    def join(self) -> int:
+        """Horovod's ``join()`` on this rank: finish what is pending, then take part in the
+        other ranks' all-reduces, all-gathers and broadcasts (neutral contributions) until
+        every rank has joined. Returns the rank that joined last. Unnamed collectives are
+        counted afresh afterwards, so uneven work before the join leaves no trace."""
+        rt = self._rt
+        self.drain()
+        if rt.size == 1:
+            return rt.rank
+        rounds = 0
+        while True:
+            with self._comm_lock:
+                record = Record(rt.world_group, False, rounds, False, [])
+                decision = negotiate(rt.ctl, record, "join", rt.config.timeout_s,
+                                     rt.config.stall_warning_s)
+                if decision.last_joined >= 0:
+                    # Ranks that joined early ran fewer unnamed collectives; every rank is
+                    # at this point together, so counting starts afresh everywhere.
+                    with self._lock:
+                        self._unnamed.clear()
+                    return decision.last_joined
+                self._take_part(decision.run)
+            rounds += 1
+
+    def _take_part(self, wires: List[Tuple[str, str]]) -> None:
+        """A joined rank's side of the collectives the active ranks agreed on."""
+        comm = self._rt.world
+        threshold = max(1, self._rt.config.fusion_threshold_bytes)
+        i = 0
+        while i < len(wires):
+            kind = wires[i][1].split("|", 1)[0]
+            if kind != "allreduce":
+                self._participate[kind](comm, [wires[i][1]])
+                i += 1
+                continue
+            key = wires[i][1].split("|", 2)[1]
+            j = i
+            while j < len(wires) and wires[j][1].startswith(f"allreduce|{key}|"):
+                j += 1
+            run = [w for _, w in wires[i:j]]
+            for chunk in fusion_chunks([int(w.rsplit("|", 1)[1]) for w in run], threshold):
+                self._participate["allreduce"](comm, [run[k] for k in chunk])
+            i = j
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        """Finish pending work, then stop the thread."""
+        self.drain()
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def fusion_chunks(sizes: Sequence[int], threshold: int) -> List[List[int]]:
+    """Indices of consecutive items split into runs of at most ``threshold`` bytes (a bigger
+    item runs alone). Every rank, joined or not, computes the same runs from the sizes."""
+    chunks: List[List[int]] = []
+    current: List[int] = []
+    total = 0
+    for index, size in enumerate(sizes):
+        if current and total + size > threshold:
+            chunks.append(current)
+            current, total = [], 0
+        current.append(index)
+        total += size
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+_MIN_PAUSE_S = 20e-6
+_MAX_PAUSE_S = 1e-3
