@@ -1,5 +1,6 @@
 """Parameter-server mode in real training-script patterns (LR schedulers, hyperparameters
-set by hand, GradScaler, clipping, accumulation, checkpoint/resume), under mpiexec."""
+set by hand, GradScaler, clipping, accumulation, frozen and unused parameters,
+checkpoint/resume), under mpiexec."""
 import sys
 
 from mpi_launch import TESTS_DIR, run_mpi
@@ -12,6 +13,7 @@ def test_schedulers_grad_scaler_clipping_and_accumulation_reach_the_servers():
     for line in ("schedule StepLR OK", "schedule LambdaLR OK", "schedule OneCycleLR OK",
                  "schedule ReduceLROnPlateau OK", "disagreeing hyperparameters OK",
                  "GradScaler clip=False OK", "GradScaler clip=True OK", "accumulation OK",
+                 "frozen and unused parameters OK",
                  "worker 0: hyperparameters OK", "worker 1: hyperparameters OK"):
         assert line in out, line
 

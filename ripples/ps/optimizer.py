@@ -43,6 +43,9 @@ class PSOptimizer(OptimizerWrapper):
       Each worker's scaler adjusts its scale from its own gradients.
     - Gradient clipping before ``step()`` and several ``backward()`` calls per ``step()``
       act on this worker's gradient, before the servers average it with the others'.
+    - A parameter whose ``grad`` is None (frozen, or unused on this worker) is not pushed:
+      a BSP round counts it as zero in the average, and a parameter no worker has a
+      gradient for is left alone by the servers' optimizer, as torch would.
     - ``state_dict()`` asks the servers (one round trip, not collective) and returns the
       wrapped optimizer's format with the servers' state per parameter in ``"state"``,
       so it also loads into a plain torch optimizer. ``load_state_dict`` is collective
@@ -352,8 +355,11 @@ class PSOptimizer(OptimizerWrapper):
         for server in self.servers:
             grads, seen = {}, {}
             for c in self.server_chunks[server]:
-                if not skip:
-                    grads[c.cid] = _grad_slice(self.params[c.param], c)
+                grad = self.params[c.param].grad
+                # No gradient (frozen or unused here) is left out: the servers' optimizer
+                # then skips the chunk, as torch skips a parameter whose grad is None.
+                if not skip and grad is not None:
+                    grads[c.cid] = to_wire(grad.detach().reshape(-1)[c.start:c.stop])
                 seen[c.cid] = self.versions[c.cid]
             self.stats["bytes_pushed_per_server"][server] += wire_nbytes(grads.values())
             message = {"kind": "push", "sid": self.sid, "w": self.worker, "clock": self.clock,
@@ -501,12 +507,6 @@ def _assemble(param: torch.Tensor, chunk_wires: List[dict]) -> dict:
         else:
             out[key] = state_from_wire({key: (kind, value)})[key]
     return out
-
-
-def _grad_slice(param: torch.Tensor, chunk) -> object:
-    if param.grad is None:
-        return to_wire(torch.zeros(chunk.stop - chunk.start, dtype=param.dtype))
-    return to_wire(param.grad.detach().reshape(-1)[chunk.start:chunk.stop])
 
 
 def _first_difference(reference, theirs, worker) -> str:

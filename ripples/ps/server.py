@@ -10,7 +10,9 @@ groups whenever they changed since its previous push. A round (BSP, Sync-opt) is
 with the values of the lowest-numbered worker whose push is in it; an update applied on
 arrival uses the values of the worker that pushed it. A push marked ``skip`` (its gradients
 were not finite under a GradScaler) is never applied; a round containing one is skipped
-by every server, as a synchronous step on the averaged gradient would be.
+by every server, as a synchronous step on the averaged gradient would be. A push leaves out
+chunks without a gradient: a round averages the gradients present over all its pushes
+(missing ones count as zero), and a chunk with no gradient at all is not stepped.
 
 ``state`` answers the optimizer state of every chunk; ``load`` (worker 0, from
 ``load_state_dict``) replaces chunks, their optimizer state and the hyperparameters.

@@ -47,9 +47,9 @@ def max_diff(model, other):
 class Reference:
     """Synchronous SGD over ``workers`` workers in one process."""
 
-    def __init__(self, workers, make_opt, make_sched=None):
+    def __init__(self, workers, make_opt, make_sched=None, model=None):
         self.workers = workers
-        self.model = small_model(seed=0)
+        self.model = model or small_model(seed=0)
         self.opt = make_opt(self.model)
         self.sched = make_sched(self.opt) if make_sched else None
         self.data = [batches(w) for w in range(workers)]
@@ -60,15 +60,17 @@ class Reference:
             loss_of(self.model, self.data[w][step]).backward()
         else:
             grad_fn(self.model, self.data[w][step], w)
-        return [p.grad.clone() for p in self.model.parameters()]
+        return [None if p.grad is None else p.grad.clone() for p in self.model.parameters()]
 
     def step(self, step, grad_fn=None, skip=False, metric=None):
+        """Average the workers' gradients (a missing one counts as zero) and step."""
         grads = [self.worker_grads(w, step, grad_fn) for w in range(self.workers)]
         for p, *per_worker in zip(self.model.parameters(), *grads):
-            total = per_worker[0]
-            for g in per_worker[1:]:
+            present = [g for g in per_worker if g is not None]
+            total = present[0] if present else None
+            for g in present[1:]:
                 total = total + g
-            p.grad = total / self.workers
+            p.grad = None if total is None else total / self.workers
         if not skip:
             self.opt.step()
         if self.sched is not None:
@@ -108,6 +110,7 @@ def hyperparameters(context):
     grad_scaler(context, clip=False)
     grad_scaler(context, clip=True)
     accumulation(context)
+    frozen_and_unused(context)
     print(f"worker {worker}: hyperparameters OK", flush=True)
 
 
@@ -207,6 +210,36 @@ def accumulation(context):
           f"accumulation: max diff {max_diff(model, reference.model)}")
     if context.worker == 0:
         print("accumulation OK", flush=True)
+
+
+def frozen_and_unused(context):
+    """A frozen bias stays put despite weight decay and momentum; a weight that only worker
+    0 uses this step is averaged with worker 1's zero."""
+    def frozen_model():
+        model = small_model(seed=0)
+        model[0].bias.requires_grad_(False)
+        return model
+
+    def backward(m, batch, w):
+        loss_of(m, batch).backward()
+        if w == 1:
+            m[2].weight.grad = None
+    model = frozen_model()
+    ps = PSOptimizer(sgd(model), model.named_parameters(), context, policy="bsp", timeout_s=20)
+    data = batches(context.worker)
+    for step in range(STEPS):
+        ps.zero_grad()
+        backward(model, data[step], context.worker)
+        ps.step()
+    ps.join()
+    reference = Reference(context.num_workers, sgd, model=frozen_model())
+    for step in range(STEPS):
+        reference.step(step, grad_fn=backward)
+    check(torch.equal(model[0].bias, small_model(seed=0)[0].bias), "frozen bias must not move")
+    check(same_params(model, reference.model),
+          f"frozen and unused: max diff {max_diff(model, reference.model)}")
+    if context.worker == 0:
+        print("frozen and unused parameters OK", flush=True)
 
 
 # -- checkpoint and resume (2 servers, 2 workers) ---------------------------------------------
