@@ -12,6 +12,7 @@ def test_schedulers_grad_scaler_clipping_and_accumulation_reach_the_servers():
     out = run_mpi([sys.executable, SCRIPT, "hyperparameters"], 3, timeout=90).stdout
     for line in ("schedule StepLR OK", "schedule LambdaLR OK", "schedule OneCycleLR OK",
                  "schedule ReduceLROnPlateau OK", "disagreeing hyperparameters OK",
+                 "asp per-push hyperparameters OK",
                  "GradScaler clip=False OK", "GradScaler clip=True OK", "accumulation OK",
                  "frozen and unused parameters OK",
                  "worker 0: hyperparameters OK", "worker 1: hyperparameters OK"):

@@ -107,6 +107,7 @@ def hyperparameters(context):
         if worker == 0:
             print(f"schedule {name} OK", flush=True)
     disagreeing_workers_use_worker_0s_values(context)
+    asp_uses_each_pushers_values(context)
     grad_scaler(context, clip=False)
     grad_scaler(context, clip=True)
     accumulation(context)
@@ -144,6 +145,24 @@ def disagreeing_workers_use_worker_0s_values(context):
           f"BSP rounds use worker 0's hyperparameters; max diff {max_diff(model, reference.model)}")
     if context.worker == 0:
         print("disagreeing hyperparameters OK", flush=True)
+
+
+def asp_uses_each_pushers_values(context):
+    """Updates applied on arrival use the learning rate of the worker that pushed them."""
+    worker, workers = context.worker, context.num_workers
+    param = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context, policy="asp",
+                     timeout_s=20)
+    for step in range(STEPS):
+        ps.param_groups[0]["lr"] = float(worker + 1 + step)
+        param.grad = torch.ones(4, dtype=torch.float64)
+        ps.step()
+    ps.join()
+    expected = -sum(w + 1 + step for w in range(workers) for step in range(STEPS))
+    check(torch.equal(param.detach(), torch.full((4,), float(expected), dtype=torch.float64)),
+          f"asp: {param.tolist()} expected {expected}")
+    if worker == 0:
+        print("asp per-push hyperparameters OK", flush=True)
 
 
 def grad_scaler(context, clip):
