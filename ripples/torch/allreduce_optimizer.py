@@ -14,7 +14,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ripples.ops.collectives import allreduce_async_, grouped_allreduce_async_, synchronize
+from ripples.ops.collectives import (allreduce_async_, grouped_allreduce_async_,
+                                     sparse_allreduce_async, synchronize)
 from ripples.ops.reduce_ops import ReduceOp
 from ripples.torch.optimizer_base import GradientsPendingError, WrappedOptimizer
 
@@ -83,12 +84,17 @@ class AllreduceOptimizer(WrappedOptimizer):
       a ``(k+1)``-th before ``step()`` raises ``GradientsPendingError``.
     - ``zero_grad()`` between a backward pass and ``step()``/``synchronize()`` raises
       ``GradientsPendingError`` (an ``AssertionError``).
-    - Sparse gradients (``nn.Embedding(sparse=True)``) are all-reduced densely and handed
-      back sparse (rows that are zero on every rank are left out).
+    - Sparse gradients (``nn.Embedding(sparse=True)``) are all-gathered and summed sparsely
+      (compression does not apply), or with ``sparse_as_dense=True`` all-reduced densely and
+      handed back sparse (rows that are zero on every rank left out). Either way the result
+      is sparse. Without ``sparse_as_dense``, a rank where such a parameter got no gradient
+      sends dense zeros while the others send sparse ones: a ``MismatchError``, as the
+      collectives differ (Horovod has the same limit); ``sparse_as_dense=True`` avoids it.
     """
 
     def __init__(self, optimizer, named: Named, compression, backward_passes_per_step: int,
-                 op: ReduceOp, gradient_predivide_factor: float, process_set, groups=None):
+                 op: ReduceOp, gradient_predivide_factor: float, process_set, groups=None,
+                 sparse_as_dense: bool = False):
         super().__init__(optimizer, named)
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
@@ -97,6 +103,7 @@ class AllreduceOptimizer(WrappedOptimizer):
         self._prescale = 1.0 / gradient_predivide_factor if average else 1.0
         self._postscale = gradient_predivide_factor if average else 1.0
         self._process_set = process_set
+        self._sparse_as_dense = sparse_as_dense
         self._units = fusion_units(named, groups)
         self._names = {p: name for name, p in named}
         self._passes: Dict[torch.Tensor, int] = {p: 0 for _, p in named}
@@ -126,34 +133,46 @@ class AllreduceOptimizer(WrappedOptimizer):
         Collective over the process set: every member must call it (``step()`` does).
         """
         self._finish_compute()
-        pending = [self._submit(unit) for unit in self._units]
+        pending = [submission for unit in self._units for submission in self._submit(unit)]
         with self.metrics.waiting():
-            for unit, (handle, sent) in zip(self._units, pending):
-                synchronize(handle)
-                for (_, param), (tensor, ctx, sparse_dim) in zip(unit, sent):
-                    self._take(param, tensor, ctx, sparse_dim)
+            for handle, members in pending:
+                result = synchronize(handle)
+                for param, tensor, ctx, sparse_dim in members:
+                    self._take(param, result if tensor is None else tensor, ctx, sparse_dim)
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized = True
 
     def _submit(self, unit):
-        sent = []
-        for _, param in unit:
+        """Start the all-reduces of one fusion unit: ``[(handle, members)]``, each member
+        ``(param, sent tensor or None for a sparse result, ctx, sparse_dim)``."""
+        submissions, dense = [], []
+        for name, param in unit:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             grad, sparse_dim = param.grad, None
+            if grad.is_sparse and not self._sparse_as_dense:
+                handle = sparse_allreduce_async(grad, name=name, op=self.op,
+                                                process_set=self._process_set)
+                submissions.append((handle, [(param, None, None, None)]))
+                continue
             if grad.is_sparse:
                 grad, sparse_dim = grad.to_dense(), grad.sparse_dim()
             tensor, ctx = self._compression.compress(grad)
-            sent.append((tensor, ctx, sparse_dim))
-        tensors = [tensor for tensor, _, _ in sent]
-        kwargs = dict(name=unit[0][0], op=self.op, prescale_factor=self._prescale,
-                      postscale_factor=self._postscale, process_set=self._process_set)
-        if len(unit) == 1:
-            return allreduce_async_(tensors[0], **kwargs), sent
-        return grouped_allreduce_async_(tensors, **kwargs), sent
+            dense.append((name, (param, tensor, ctx, sparse_dim)))
+        if dense:
+            tensors = [member[1] for _, member in dense]
+            kwargs = dict(name=dense[0][0], op=self.op, prescale_factor=self._prescale,
+                          postscale_factor=self._postscale, process_set=self._process_set)
+            handle = (allreduce_async_(tensors[0], **kwargs) if len(tensors) == 1
+                      else grouped_allreduce_async_(tensors, **kwargs))
+            submissions.append((handle, [member for _, member in dense]))
+        return submissions
 
-    def _take(self, param, tensor, ctx, sparse_dim: Optional[int]) -> None:
-        result = self._compression.decompress(tensor, ctx)
+    def _take(self, param, result, ctx, sparse_dim: Optional[int]) -> None:
+        if result.is_sparse:
+            param.grad = result
+            return
+        result = self._compression.decompress(result, ctx)
         if sparse_dim is not None:
             param.grad = result.to_sparse(sparse_dim)
         elif result is not param.grad:

@@ -72,8 +72,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     num_groups: deprecated alias of an int ``groups``.
     groups: fusion hint: an int ``k`` (all-reduce the parameters in ``k`` fused groups) or
         a list of lists of parameters (each list fused). Results do not change.
-    sparse_as_dense: sparse gradients are all-reduced densely either way (and handed back
-        sparse); accepted for Horovod compatibility.
+    sparse_as_dense: all-reduce sparse gradients densely instead of all-gathering their
+        indices and values; the gradient handed back is sparse either way.
     process_set: the ranks gradients are averaged over (``"allreduce"`` only).
 
     Only parameters the optimizer owns and that require grad at wrapping time take part.
@@ -136,7 +136,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         units = fusion_units(trainable, groups)
         _check_same_model(trainable, process_set, [[n for n, _ in unit] for unit in units])
         return AllreduceOptimizer(optimizer, trainable, compression, backward_passes_per_step,
-                                  op, gradient_predivide_factor, process_set, groups)
+                                  op, gradient_predivide_factor, process_set, groups,
+                                  sparse_as_dense)
     if mode is Sync.ADPSGD:
         _warn_ignored(mode, group_size=group_size)
     rt = _runtime.current()

@@ -52,9 +52,9 @@ def loss_of(model, x, y):
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
-def wrap(model, opt, mode, **kwargs):
-    return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                    **MODES[mode], **kwargs)
+def wrap(model, opt, mode, named=True, **kwargs):
+    return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters() if named
+                                    else None, **MODES[mode], **kwargs)
 
 
 def finish(opt):
@@ -111,8 +111,8 @@ def train_script(pattern, wrapped_mode=None, steps=6):
     kwargs = {}
     if pattern == "accumulate" and wrapped_mode == "allreduce":
         kwargs["backward_passes_per_step"] = 2
-    if wrapped_mode is not None:
-        opt = wrap(model, opt, wrapped_mode, **kwargs)
+    if wrapped_mode is not None:  # the frozen layer's optimizer also owns frozen parameters
+        opt = wrap(model, opt, wrapped_mode, named=pattern != "frozen", **kwargs)
     scheduler = SCHEDULERS[pattern](opt) if pattern in SCHEDULERS else None
     scaler = torch.amp.GradScaler("cpu") if pattern.startswith("scaler") else None
     lrs = []
