@@ -130,9 +130,14 @@ class AllreduceOptimizer(WrappedOptimizer):
     def synchronize(self) -> None:
         """All-reduce every gradient now; ``param.grad`` then holds the reduced value.
 
-        Collective over the process set: every member must call it (``step()`` does).
+        Collective over the process set: every member must call it (``step()`` does). On a
+        rank outside the process set it only marks the gradients synchronized.
         """
         self._finish_compute()
+        if not self._process_set.included():  # Horovod: non-members keep their own gradients
+            self._passes = dict.fromkeys(self._passes, 0)
+            self._synchronized = True
+            return
         pending = [submission for unit in self._units for submission in self._submit(unit)]
         with self.metrics.waiting():
             for handle, members in pending:

@@ -74,7 +74,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         a list of lists of parameters (each list fused). Results do not change.
     sparse_as_dense: all-reduce sparse gradients densely instead of all-gathering their
         indices and values; the gradient handed back is sparse either way.
-    process_set: the ranks gradients are averaged over (``"allreduce"`` only).
+    process_set: the ranks gradients are averaged over (``"allreduce"`` only); ranks
+        outside it may wrap too and then step on their own gradients.
 
     Only parameters the optimizer owns and that require grad at wrapping time take part.
 
@@ -134,7 +135,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     if mode is Sync.ALLREDUCE:
         units = fusion_units(trainable, groups)
-        _check_same_model(trainable, process_set, [[n for n, _ in unit] for unit in units])
+        if process_set.included():
+            _check_same_model(trainable, process_set, [[n for n, _ in unit] for unit in units])
         return AllreduceOptimizer(optimizer, trainable, compression, backward_passes_per_step,
                                   op, gradient_predivide_factor, process_set, groups,
                                   sparse_as_dense)

@@ -373,6 +373,24 @@ def test_groups_as_lists_of_parameters():
         assert torch.equal(p.grad, e)
 
 
+def test_process_set_averages_over_its_members_only():
+    members = list(range(max(1, N // 2)))
+    process_set = hvd.add_process_set(members)
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters(),
+                                   process_set=process_set)
+    loss_of(model, *batch(0, R)).backward()
+    everyone = hvd.allgather_object(local_grads(model))
+    opt.synchronize()
+    for n, p in model.named_parameters():
+        expected = (sum(everyone[r][n] for r in members) / len(members) if R in members
+                    else everyone[R][n])
+        assert torch.allclose(p.grad, expected, atol=1e-6), n
+    with opt.skip_synchronize():
+        opt.step()
+
+
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
 def test_sparse_embedding_gradients(sparse_as_dense):
     torch.manual_seed(0)
