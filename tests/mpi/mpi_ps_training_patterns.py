@@ -102,7 +102,8 @@ def hyperparameters(context):
             reference.step(step, metric=metric)
             constant.step(step)
         check(same_params(model, reference.model),
-              f"{name}: servers must follow the schedule; max diff {max_diff(model, reference.model)}")
+              f"{name}: servers must follow the schedule; "
+              f"max diff {max_diff(model, reference.model)}")
         check(not same_params(model, constant.model), f"{name}: schedule had no effect")
         if worker == 0:
             print(f"schedule {name} OK", flush=True)
@@ -264,8 +265,7 @@ def frozen_and_unused(context):
 # -- checkpoint and resume (2 servers, 2 workers) ---------------------------------------------
 def checkpoint(context):
     for make_opt in (sgd, adam):
-        for resume_path in ("load_state_dict", "load before wrapping"):
-            checkpoint_resume(context, make_opt, resume_path)
+        checkpoint_resume(context, make_opt)
     print(f"worker {context.worker}: checkpoint OK", flush=True)
 
 
@@ -277,10 +277,11 @@ def train(context, model, ps, steps):
         ps.step()
 
 
-def checkpoint_resume(context, make_opt, resume_path):
+def checkpoint_resume(context, make_opt):
     """Run 6 steps, saving after 3 (with a halved learning rate from then on); resume a
-    fresh model and optimizer from the save: the last 3 steps must match bit for bit."""
-    name = f"{make_opt.__name__} {resume_path}"
+    fresh model and optimizer from the save, by ``load_state_dict`` and by loading the
+    plain optimizer before wrapping it: the last 3 steps must match bit for bit."""
+    name = make_opt.__name__
     options = dict(policy="bsp", timeout_s=20, chunk_bytes=96)  # parameters span both servers
     model = small_model(seed=0)
     ps = PSOptimizer(make_opt(model), model.named_parameters(), context, **options)
@@ -313,22 +314,24 @@ def checkpoint_resume(context, make_opt, resume_path):
     check(same_params(model, reference.model),
           f"{name}: uninterrupted run vs reference, max diff {max_diff(model, reference.model)}")
 
-    resumed = small_model(seed=7 + context.worker)
-    resumed.load_state_dict(saved_model)
-    opt = make_opt(resumed)
-    if resume_path == "load before wrapping":  # a plain torch optimizer reads the checkpoint
-        opt.load_state_dict(saved)
-        ps = PSOptimizer(opt, resumed.named_parameters(), context, **options)
-    else:
-        ps = PSOptimizer(opt, resumed.named_parameters(), context, **options)
-        ps.load_state_dict(saved)
-    check(len(ps.state) == 0, "after loading, the state lives on the servers")
-    train(context, resumed, ps, range(3, STEPS))
-    ps.join()
-    check(same_params(resumed, model),
-          f"{name}: resumed run must equal the uninterrupted one, max diff {max_diff(resumed, model)}")
-    if context.worker == 0:
-        print(f"checkpoint {name} OK", flush=True)
+    for resume_path in ("load_state_dict", "load before wrapping"):
+        resumed = small_model(seed=7 + context.worker)
+        resumed.load_state_dict(saved_model)
+        opt = make_opt(resumed)
+        if resume_path == "load before wrapping":  # a plain torch optimizer reads it
+            opt.load_state_dict(saved)
+            ps = PSOptimizer(opt, resumed.named_parameters(), context, **options)
+        else:
+            ps = PSOptimizer(opt, resumed.named_parameters(), context, **options)
+            ps.load_state_dict(saved)
+        check(len(ps.state) == 0, "after loading, the state lives on the servers")
+        train(context, resumed, ps, range(3, STEPS))
+        ps.join()
+        check(same_params(resumed, model),
+              f"{name} {resume_path}: resumed run must equal the uninterrupted one, "
+              f"max diff {max_diff(resumed, model)}")
+        if context.worker == 0:
+            print(f"checkpoint {name} {resume_path} OK", flush=True)
 
 
 def main():
