@@ -25,19 +25,26 @@ def averaged_tensors(named, model) -> List[torch.Tensor]:
     return tensors
 
 
-def make_mode_schedule(rt, adpsgd: bool, schedule, group_size: int, division: str) -> Schedule:
-    """The schedule a decentralized mode runs: ``schedule`` as given if it is a Schedule."""
+def schedule_kind(adpsgd: bool, schedule):
+    """The validated ``schedule=`` of a decentralized mode: a schedule name, or the
+    ``Schedule`` object given."""
     if isinstance(schedule, Schedule):
         return schedule
     if adpsgd:
         if schedule is not None:
             raise ValueError("sync='adpsgd' has its own pairing; leave schedule=None")
-        kind = "adpsgd"
-    else:
-        kind = "generator" if schedule is None else schedule
-        if kind not in SCHEDULES:
-            raise ValueError(f"schedule={schedule!r} is not valid; choose one of "
-                             f"{list(SCHEDULES)} or pass a ripples.schedule.Schedule")
+        return "adpsgd"
+    kind = "generator" if schedule is None else schedule
+    if kind not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} is not valid; choose one of "
+                         f"{list(SCHEDULES)} or pass a ripples.schedule.Schedule")
+    return kind
+
+
+def make_mode_schedule(rt, kind, group_size: int, division: str) -> Schedule:
+    """The schedule for ``kind`` from :func:`schedule_kind` (a Schedule object as is)."""
+    if isinstance(kind, Schedule):
+        return kind
     return make_schedule(kind, rank=rt.rank, size=rt.size, local_size=rt.local_size,
                          group_size=min(group_size, rt.size), seed=rt.config.seed,
                          comm=rt.service_comm, timeout_s=rt.config.timeout_s, policy=division)

@@ -25,7 +25,8 @@ from ripples.ops.reduce_ops import ReduceOp, check_op
 from ripples.torch.allreduce_optimizer import AllreduceOptimizer, fusion_units
 from ripples.torch.compression import Compression
 from ripples.torch.decentralized_optimizer import (SCHEDULES, DecentralizedOptimizer,
-                                                   averaged_tensors, make_mode_schedule)
+                                                   averaged_tensors, make_mode_schedule,
+                                                   schedule_kind)
 from ripples.torch.optimizer_base import GradientsPendingError
 
 __all__ = ["DistributedOptimizer", "Sync", "GradientsPendingError", "SCHEDULES",
@@ -105,49 +106,37 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     _check_horovod_arguments(compression, backward_passes_per_step, op,
                              gradient_predivide_factor, sparse_as_dense, process_set)
     groups = _check_groups(num_groups, groups, owned)
-    if sync_every is not None:
-        _check_int("sync_every", sync_every, 1)
-    if group_size is not None:
-        _check_int("group_size", group_size, 1)
+    for argument, value in (("sync_every", sync_every), ("group_size", group_size)):
+        if value is not None:
+            _check_int(argument, value, 1)
     if mode is not Sync.ALLREDUCE and len(process_set.group()) != _runtime.current().size:
         raise ValueError(f"process_set applies to sync='allreduce' only; sync={mode.value!r} "
                          "runs over all ranks: leave process_set at its default")
-    if mode is Sync.ALLREDUCE:
-        _warn_ignored(mode, schedule=schedule, group_size=group_size, sync_every=sync_every,
-                      model=model)
-    else:
-        _warn_ignored(mode, compression=None if compression is Compression.none else compression,
-                      backward_passes_per_step=None if backward_passes_per_step == 1
-                      else backward_passes_per_step,
-                      op=None if op is ReduceOp.AVERAGE else op,
-                      gradient_predivide_factor=None if gradient_predivide_factor == 1.0
-                      else gradient_predivide_factor,
-                      groups=groups, sparse_as_dense=sparse_as_dense or None)
-
-    if mode is Sync.PS:
-        _warn_ignored(mode, schedule=schedule, group_size=group_size, sync_every=sync_every,
-                      model=model)
-        return _parameter_server(optimizer, owned, options)
+    kind = None if mode in (Sync.ALLREDUCE, Sync.PS) else schedule_kind(mode is Sync.ADPSGD,
+                                                                        schedule)
     division = options.pop("policy", "ready") if mode is Sync.RIPPLES else "ready"
-    if options:
+    if mode is not Sync.PS and options:
         raise TypeError(f"DistributedOptimizer() got unexpected arguments {sorted(options)} for "
                         f"sync={mode.value!r}; see the DistributedOptimizer docstring")
+    _warn_ignored(mode, dict(
+        compression=compression, backward_passes_per_step=backward_passes_per_step, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+        sparse_as_dense=sparse_as_dense, schedule=schedule, group_size=group_size,
+        sync_every=sync_every, model=model))
 
+    if mode is Sync.PS:
+        return _parameter_server(optimizer, owned, options)
     if mode is Sync.ALLREDUCE:
-        units = fusion_units(trainable, groups)
         if process_set.included():
+            units = fusion_units(trainable, groups)
             _check_same_model(trainable, process_set, [[n for n, _ in unit] for unit in units])
         return AllreduceOptimizer(optimizer, trainable, compression, backward_passes_per_step,
                                   op, gradient_predivide_factor, process_set, groups,
                                   sparse_as_dense)
-    if mode is Sync.ADPSGD:
-        _warn_ignored(mode, group_size=group_size)
-    rt = _runtime.current()
-    chosen = make_mode_schedule(rt, mode is Sync.ADPSGD, schedule,
-                                _DEFAULT_GROUP_SIZE if group_size is None else group_size,
-                                division)
     _check_same_model(trainable)
-    return DecentralizedOptimizer(optimizer, trainable, mode, chosen,
+    size = _DEFAULT_GROUP_SIZE if group_size is None else group_size
+    return DecentralizedOptimizer(optimizer, trainable, mode,
+                                  make_mode_schedule(_runtime.current(), kind, size, division),
                                   1 if sync_every is None else sync_every, model)
 
 
@@ -256,12 +245,30 @@ def _check_groups(num_groups, groups, owned):
     return groups
 
 
-def _warn_ignored(mode: Sync, **given) -> None:
+# The value each argument has when not given, and the modes that use it.
+_ARGUMENT_USE = {
+    "compression": (Compression.none, {Sync.ALLREDUCE}),
+    "backward_passes_per_step": (1, {Sync.ALLREDUCE}),
+    "op": (ReduceOp.AVERAGE, {Sync.ALLREDUCE}),
+    "gradient_predivide_factor": (1.0, {Sync.ALLREDUCE}),
+    "groups": (None, {Sync.ALLREDUCE}),
+    "sparse_as_dense": (False, {Sync.ALLREDUCE}),
+    "schedule": (None, {Sync.RIPPLES, Sync.ADPSGD}),
+    "group_size": (None, {Sync.RIPPLES}),
+    "sync_every": (None, {Sync.RIPPLES, Sync.ADPSGD}),
+    "model": (None, {Sync.RIPPLES, Sync.ADPSGD}),
+}
+
+
+def _warn_ignored(mode: Sync, given: dict) -> None:
+    """One warning per argument given a value that ``mode`` does not use."""
     for argument, value in given.items():
-        if value is not None:
+        default, modes = _ARGUMENT_USE[argument]
+        if mode not in modes and value is not default and value != default:
             shown = "[...]" if isinstance(value, list) else repr(value)
+            users = "/".join(sorted(m.value for m in modes))
             warnings.warn(f"DistributedOptimizer(sync={mode.value!r}) ignores "
-                          f"{argument}={shown}: it applies to other modes only",
+                          f"{argument}={shown}: it applies to sync={users} only",
                           UserWarning, stacklevel=3)
 
 
