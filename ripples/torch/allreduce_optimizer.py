@@ -88,8 +88,8 @@ class AllreduceOptimizer(WrappedOptimizer):
       (compression does not apply), or with ``sparse_as_dense=True`` all-reduced densely and
       handed back sparse (rows that are zero on every rank left out). Either way the result
       is sparse. Without ``sparse_as_dense``, a rank where such a parameter got no gradient
-      sends dense zeros while the others send sparse ones: a ``MismatchError``, as the
-      collectives differ (Horovod has the same limit); ``sparse_as_dense=True`` avoids it.
+      sends dense zeros while the others send sparse ones, so the ranks call different
+      collectives and fail (Horovod has the same limit); ``sparse_as_dense=True`` avoids it.
     """
 
     def __init__(self, optimizer, named: Named, compression, backward_passes_per_step: int,

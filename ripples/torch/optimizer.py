@@ -94,7 +94,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         Division policy, ``"ready"`` (default) or ``"all"``.
 
     Errors: a wrong type raises ``TypeError``, a wrong value ``ValueError``, each naming the
-    argument, on every rank and before any communication.
+    argument, on every rank and before any communication. With ``"allreduce"``,
+    ``zero_grad()`` between ``backward()`` and ``step()``/``synchronize()``, or more
+    backward passes than ``backward_passes_per_step`` before ``step()``, raise
+    ``GradientsPendingError`` (an ``AssertionError``, as in Horovod).
+
+    ``state_dict()`` holds the wrapped optimizer's state plus, under ``"ripples"``, the
+    wrapper's counters (steps, P-Reduce rounds, pending backward passes), so that a run
+    resumed with ``load_state_dict`` equals an uninterrupted one bit for bit in
+    ``"allreduce"`` mode and with the ``"static"``, ``"random"`` and ``"adpsgd"`` schedules.
+    The ``"generator"`` schedule forms groups from the order in which ranks become ready:
+    a resumed run restores the state but not the identical sequence of groups.
     """
     mode = _choice(Sync, sync, "sync")
     if not isinstance(optimizer, torch.optim.Optimizer):
