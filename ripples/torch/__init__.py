@@ -13,14 +13,13 @@ from mpi4py import MPI
 from ripples import runtime as _runtime
 from ripples.config import Config
 from ripples.errors import MismatchError, NotInitializedError, RipplesError, RipplesTimeoutError
-from ripples.ops.collectives import (allgather, allgather_object, allreduce, allreduce_,
-                                     allreduce_async, allreduce_async_, alltoall, barrier,
-                                     broadcast, broadcast_, broadcast_object, grouped_allreduce,
+from ripples.ops.collectives import (allgather_object, allreduce_, allreduce_async,
+                                     allreduce_async_, barrier, broadcast_, broadcast_object,
                                      grouped_allreduce_, grouped_allreduce_async,
-                                     grouped_allreduce_async_, poll, reducescatter, synchronize)
+                                     grouped_allreduce_async_, poll, synchronize)
 from ripples.ops.handles import Handle
 from ripples.ops.join import join
-from ripples.ops.partial import (grouped_partial_allreduce_, partial_allreduce,
+from ripples.ops.partial import (grouped_partial_allreduce_,
                                  partial_allreduce_, partial_allreduce_async,
                                  partial_allreduce_async_)
 from ripples.ops.process_sets import (ProcessSet, add_process_set, global_process_set,
@@ -29,6 +28,9 @@ from ripples.ops.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp,
 from ripples.torch.compression import Compression
 from ripples.torch.functions import (average_model, broadcast_optimizer_state,
                                      broadcast_parameters, consensus_distance)
+from ripples.torch.mpi_ops import (allgather, allreduce, alltoall, broadcast, grouped_allgather,
+                                   grouped_allreduce, grouped_reducescatter, partial_allreduce,
+                                   reducescatter)
 from ripples.torch.optimizer import DistributedOptimizer, Sync
 
 
