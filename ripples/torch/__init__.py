@@ -32,6 +32,7 @@ from ripples.torch.mpi_ops import (allgather, allreduce, alltoall, broadcast, gr
                                    grouped_allreduce, grouped_reducescatter, partial_allreduce,
                                    reducescatter)
 from ripples.torch.optimizer import DistributedOptimizer, Sync
+from ripples.torch.sync_batch_norm import SyncBatchNorm
 
 
 def init(comm: Optional[MPI.Comm] = None, process_sets=None, **settings) -> None:
