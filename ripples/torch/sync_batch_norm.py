@@ -51,14 +51,16 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         count = x.numel() // channels
         if count > 0:
             var, mean = torch.var_mean(x, dim=reduce_dims, correction=0)
-            local = torch.cat([torch.tensor([count], dtype=torch.float64),
-                               mean.double(), var.double() * count])
+            moments = torch.cat([mean.double(), var.double() * count]).cpu()
         else:
-            local = torch.zeros(1 + 2 * channels, dtype=torch.float64)
-        stats = _ops.allgather(local.unsqueeze(0), process_set=process_set).to(input.device)
+            moments = torch.zeros(2 * channels, dtype=torch.float64)
+        # The statistics are a few numbers per channel: they travel through host memory
+        # whatever the input's device.
+        local = torch.cat([torch.tensor([float(count)], dtype=torch.float64), moments])
+        stats = _ops.allgather(local.unsqueeze(0), process_set=process_set)
 
         counts, means, m2s = stats[:, :1], stats[:, 1:1 + channels], stats[:, 1 + channels:]
-        total = counts.sum()
+        total = counts.sum().item()
         if total <= 1:
             raise ValueError(
                 f"SyncBatchNorm on rank {_rank()}: expected more than 1 value per channel when "
@@ -69,14 +71,14 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         invstd = torch.rsqrt(m2 / total + eps)
 
         if running_mean is not None:
-            running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype) * factor)
+            running_mean.mul_(1 - factor).add_(mean.to(running_mean) * factor)
         if running_var is not None:
             unbiased = m2 / (total - 1)
-            running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype) * factor)
+            running_var.mul_(1 - factor).add_(unbiased.to(running_var) * factor)
 
-        mean, invstd = mean.to(compute), invstd.to(compute)
+        mean, invstd = mean.to(x), invstd.to(x)
         ctx.save_for_backward(input, weight, mean, invstd)
-        ctx.total = total.item()
+        ctx.total = total
         ctx.process_set = process_set
         ctx.bias_dtype = None if bias is None else bias.dtype
         scale = invstd if weight is None else invstd * weight.to(compute)
@@ -102,8 +104,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         grad_bias = sum_dy.to(ctx.bias_dtype) if need_bias else None
         grad_input = None
         if need_input:
-            both = _ops.allreduce(torch.cat([sum_dy, sum_dy_xmu]), op=ReduceOp.SUM,
-                                  process_set=ctx.process_set)
+            both = _ops.allreduce(torch.cat([sum_dy, sum_dy_xmu]).cpu(), op=ReduceOp.SUM,
+                                  process_set=ctx.process_set).to(dy.device)
             mean_dy, mean_dy_xmu = (both / ctx.total).chunk(2)
             scale = invstd if weight is None else invstd * weight.to(compute)
             grad_input = ((dy - _channel_view(mean_dy, dims)

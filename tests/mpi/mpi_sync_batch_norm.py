@@ -178,6 +178,24 @@ def test_float32_with_a_large_mean_stays_accurate():
     assert torch.allclose(sync.running_mean.double(), full.mean(dim=(0, 2)) * 0.1, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_with_float32_parameters(dtype):
+    """As BatchNorm: output and input gradient in the input's dtype, parameters' in theirs."""
+    ranks, rows = list(range(N)), [uneven_rows(r, 0) for r in range(N)]
+    full = torch.cat([data(r, n, (C, 4), 0) for r, n in enumerate(rows)]).to(dtype).double()
+    x = mine(full, ranks, rows).to(dtype).requires_grad_()
+    sync = hvd.SyncBatchNorm(C)
+    out = sync(x)
+    out.float().pow(2).sum().backward()
+    full.requires_grad_()
+    ref = torch.nn.BatchNorm1d(C).double()
+    ref(full).pow(2).sum().backward()
+    assert out.dtype == x.grad.dtype == dtype and sync.weight.grad.dtype == torch.float32
+    loose = dict(rtol=0.02, atol=0.05)
+    assert torch.allclose(out.double(), mine(ref(full.detach()), ranks, rows), **loose)
+    assert torch.allclose(x.grad.double(), mine(full.grad, ranks, rows), **loose)
+
+
 def test_bad_input_names_the_argument_and_rank():
     sync = hvd.SyncBatchNorm(C)
     with pytest.raises(ValueError, match=rf"rank {R}: input must be at least 2-D"):
