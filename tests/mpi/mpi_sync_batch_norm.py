@@ -214,6 +214,33 @@ def test_one_value_per_channel_in_total_is_refused_on_every_member():
     assert sync(torch.randn(2, C)).shape == (2, C)
 
 
+def test_training_with_distributed_optimizer_matches_one_process():
+    """A converted model trained with DistributedOptimizer (gradients averaged over ranks)
+    follows one process training on the concatenated batches with the loss averaged over
+    ranks; every replica stays identical."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, C, 1), torch.nn.BatchNorm2d(C),
+                                torch.nn.Flatten(), torch.nn.Linear(C * 4, 1)).double()
+    reference = copy.deepcopy(model)
+    model = hvd.SyncBatchNorm.convert_sync_batchnorm(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    ranks = list(range(N))
+    for step in range(3):
+        rows = [uneven_rows(r, step) for r in ranks]
+        inputs = [data(r, n, (2, 2, 2), step) for r, n in zip(ranks, rows)]
+        opt.zero_grad()
+        model(inputs[R]).pow(2).sum().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        (reference(torch.cat(inputs)).pow(2).sum() / N).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, **TIGHT), name
+    assert torch.allclose(model[1].running_var, reference[1].running_var, **TIGHT)
+
+
 def test_convert_sync_batchnorm_shares_parameters_and_matches():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(2, C, 1), torch.nn.BatchNorm2d(C),
@@ -231,6 +258,7 @@ def test_convert_sync_batchnorm_shares_parameters_and_matches():
     out = converted(mine(full, list(range(N)), rows))
     assert torch.allclose(out, mine(reference(full), list(range(N)), rows), **TIGHT)
     assert torch.allclose(norms[1].running_var, reference[3][0].running_var, **TIGHT)
+    assert converted.state_dict().keys() == reference.state_dict().keys()
 
     bare = torch.nn.BatchNorm1d(C, momentum=None, affine=False).eval()
     single = hvd.SyncBatchNorm.convert_sync_batchnorm(bare, process_set=EVENS)
