@@ -40,6 +40,10 @@ from .transport import (REPLY, REQUEST, Backoff, Outbox, from_wire, state_from_w
 
 def serve(comm, num_servers: int, timeout_s: float) -> None:
     """Run this rank's server until every worker has said goodbye."""
+    # The first optimizer built in a process imports torch's compiler stack (seconds on a
+    # busy machine). Pay that now, while the workers build their own models and optimizers,
+    # rather than inside the first session's setup, which the workers' timeout covers.
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
     Server(comm, num_servers, timeout_s).run()
 
 
