@@ -1,8 +1,9 @@
 """Batch normalization whose batch statistics cover every member of a process set.
 
-``SyncBatchNorm`` is Horovod's ``hvd.SyncBatchNorm`` for host (and device) tensors. torch's
-fused kernels for synchronized batch norm (``torch.batch_norm_stats`` and friends) exist for
-CUDA only, so the statistics here are plain torch arithmetic, identical on every device:
+``SyncBatchNorm`` is Horovod's ``hvd.SyncBatchNorm``, for host tensors too. torch's fused
+kernels for synchronized batch norm (``torch.batch_norm_stats`` and friends) exist for CUDA
+only, so the statistics here are plain torch arithmetic, the same code on every device
+(CUDA inputs take it too, but have not been run on a GPU yet):
 
 * forward: each member computes its per-channel count, mean and sum of squared deviations
   (M2); one all-gather shares them and every member combines them into the set's mean and
@@ -167,7 +168,8 @@ class SyncBatchNorm(_BatchNorm):
                 factor = 1.0 / float(self.num_batches_tracked)
         use_batch_stats = self.training or (self.running_mean is None
                                             and self.running_var is None)
-        # As BatchNorm: the buffers are updated only when tracked, and read only in eval mode.
+        # As BatchNorm: in training mode the buffers are passed (and so updated) only when
+        # tracked; in eval mode they are used whenever they exist.
         tracked = not self.training or self.track_running_stats
         running_mean = self.running_mean if tracked else None
         running_var = self.running_var if tracked else None

@@ -35,10 +35,6 @@ def data(rank, rows, shape, seed, dtype=torch.float64, offset=3.0):
         offset).to(dtype)
 
 
-def members(process_set):
-    return process_set.ranks
-
-
 def mine(full, ranks, rows):
     """This rank's rows of a tensor concatenated over ``ranks`` (rows[i] each)."""
     start = sum(rows[:ranks.index(R)])
@@ -53,7 +49,7 @@ def compare_training(bn_class, shape, process_set=hvd.global_process_set, steps=
                      rows_of=uneven_rows, eval_after=True, **options):
     """Train a SyncBatchNorm and a BatchNorm (on the members' concatenated batches) side by
     side for ``steps`` steps and check everything that must match."""
-    ranks = members(process_set)
+    ranks = process_set.ranks
     sync = hvd.SyncBatchNorm(C, process_set=process_set, **options).double()
     ref = bn_class(C, **options).double()
     if sync.affine:
