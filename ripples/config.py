@@ -32,7 +32,10 @@ class Config:
     slowdown: heterogeneity injection, ``"RANK:FACTOR[,RANK:FACTOR]"``.
     random_slowdown: ``"P:FACTOR"``: each step each rank is slow with probability P.
     compute_ms: emulated compute time per step (benchmarks), 0 for real compute only.
-    timeline: path of a Chrome-trace JSON to write, empty for none.
+    timeline: path of the job's Chrome-trace JSON (one file, written by rank 0 at shutdown),
+        empty for none.
+    timeline_per_rank: each rank writes its own trace file instead (``trace.json`` ->
+        ``trace.rank0.json``, ...), with no communication at shutdown.
     metrics_path: path prefix for per-rank metrics JSON written at shutdown, empty for none.
     ps_servers: number of ranks that become parameter servers in ``init()``.
     seed: seed shared by all ranks for random schedules and injected slowdowns.
@@ -48,6 +51,7 @@ class Config:
     random_slowdown: str = ""
     compute_ms: float = 0.0
     timeline: str = ""
+    timeline_per_rank: bool = False
     metrics_path: str = ""
     ps_servers: int = 0
     seed: int = 0

@@ -107,7 +107,11 @@ def _make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compute-ms", type=float, metavar="T",
                         help="pad every step to T ms of emulated compute (RIPPLES_COMPUTE_MS)")
     parser.add_argument("--timeline", metavar="PATH",
-                        help="write a Chrome-trace timeline per rank (RIPPLES_TIMELINE)")
+                        help="write the job's Chrome-trace timeline at PATH, every rank "
+                             "a process row (RIPPLES_TIMELINE)")
+    parser.add_argument("--timeline-per-rank", action="store_true",
+                        help="each rank writes its own timeline file instead: "
+                             "PATH -> NAME.rankN.EXT (RIPPLES_TIMELINE_PER_RANK)")
     parser.add_argument("--metrics", metavar="PATH",
                         help="write per-rank metrics JSON (RIPPLES_METRICS_PATH)")
     parser.add_argument("--timeout", type=float, metavar="S",
@@ -164,6 +168,7 @@ def _ripples_settings(args: argparse.Namespace) -> Dict[str, str]:
         "RIPPLES_RANDOM_SLOWDOWN": args.random_slowdown,
         "RIPPLES_COMPUTE_MS": None if args.compute_ms is None else repr(args.compute_ms),
         "RIPPLES_TIMELINE": args.timeline,
+        "RIPPLES_TIMELINE_PER_RANK": "1" if args.timeline_per_rank else None,
         "RIPPLES_METRICS_PATH": args.metrics,
         "RIPPLES_TIMEOUT_S": None if args.timeout is None else repr(args.timeout),
         "RIPPLES_PS_SERVERS": None if args.ps_servers is None else str(args.ps_servers),

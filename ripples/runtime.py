@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 from typing import Callable, List, Optional, Tuple
 
 from mpi4py import MPI
@@ -14,7 +15,7 @@ from mpi4py import MPI
 from ripples.comm.groups import CommunicatorCache, Group
 from ripples.config import Config
 from ripples.errors import NotInitializedError
-from ripples.timeline import make_timeline
+from ripples.timeline import NullTimeline, Timeline, make_timeline
 
 log = logging.getLogger("ripples")
 
@@ -76,11 +77,41 @@ class Runtime:
         """Run ``closer`` at ``shutdown()``, before communicators are released (last in, first run)."""
         self._closers.append(closer)
 
+    # Consecutive timelines are told apart on the wire by this count (equal on every rank,
+    # since starting and stopping are collective).
+    _timeline_generation = 0
+
+    def start_timeline(self, path, mark_cycles: bool = False) -> None:
+        """Record a new timeline, to be written at ``path`` (see ``stop_timeline``).
+
+        Collective over the world: every rank calls it (rank 0's ``path`` names the merged
+        trace; each rank's own path is where its file goes if the merge fails). A timeline
+        already recording is stopped and written first, as ``stop_timeline()`` does.
+        ``mark_cycles``: ``Timeline.mark_cycle()`` (called once per communication cycle)
+        records an instant event.
+        """
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise ValueError(f"start_timeline(file_path=...) takes a file path, got {path!r}")
+        self.stop_timeline()
+        self.timeline = Timeline(path, self.rank, mark_cycles=mark_cycles)
+
+    def stop_timeline(self) -> None:
+        """Stop recording and write the trace: one file at the timeline's path, written by
+        rank 0, or per-rank files (``Config.timeline_per_rank``, or when a rank's events do
+        not arrive within ``Config.timeout_s``). Collective over the world; without a
+        recording timeline it does nothing."""
+        if not self.timeline.enabled:
+            return
+        timeline, self.timeline = self.timeline, NullTimeline(rank=self.rank)
+        self._timeline_generation += 1
+        timeline.close(self.ctl, self.config.timeout_s, self.config.timeline_per_rank,
+                       self._timeline_generation)
+
     def close(self) -> None:
         self.engine.close()
         while self._closers:
             self._closers.pop()()
-        self.timeline.close()
+        self.stop_timeline()
         self.nccl.close()
         self.cache.close()
         for comm in (self.cross, self.local, self.service_comm, self.ctl, self.world):
