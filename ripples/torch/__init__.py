@@ -117,3 +117,19 @@ def rocm_built() -> bool:
 def mpi_library() -> str:
     """Which MPI library is in use (first line of its version string)."""
     return _runtime.mpi_library()
+
+
+def start_timeline(file_path, mark_cycles: bool = False) -> None:
+    """Start recording a timeline to be written at ``file_path`` (as Horovod's).
+
+    Collective: every rank calls it. One timeline records at a time: one already recording
+    is stopped and written first. ``mark_cycles`` marks communication cycles.
+    """
+    _runtime.current().start_timeline(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop the timeline and write it: one Chrome trace at its path (rank 0 writes every
+    rank's events; per-rank files if some rank's do not arrive within ``timeout_s``).
+    Collective: every rank calls it. Does nothing when no timeline is recording."""
+    _runtime.current().stop_timeline()
