@@ -219,10 +219,10 @@ class Timeline:
         missing = sorted(set(range(1, comm.Get_size())) - set(texts))
         merged = False
         if missing:
-            log.warning("timeline: ranks %s did not send their events within %g s; every rank "
-                        "that could wrote its own file (%s, ...) instead of %s (join them "
-                        "with ripples.timeline.merge_timelines)", missing, timeout_s,
-                        self.rank_path, self.path)
+            log.warning("timeline: ranks %s did not send their events within %g s; instead "
+                        "of %s each rank writes its own file (%s, ...; join them with "
+                        "ripples.timeline.merge_timelines)", missing, timeout_s, self.path,
+                        self.rank_path)
         else:
             try:
                 _write_atomically(self.path, _join_arrays(
@@ -260,7 +260,9 @@ def _receive(comm, sources, tag: int, generation: int, deadline) -> Dict[int, An
                 if number == generation:
                     received[source] = payload
                 progressed = True
-        if not progressed:
+        if progressed:
+            pause = 0.0
+        else:
             try:
                 deadline.check()
             except RipplesTimeoutError:
