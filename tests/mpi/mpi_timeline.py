@@ -32,6 +32,11 @@ def allreduce(numel):
 
 allreduce(1)  # before start_timeline in "start-stop": recorded nowhere
 if scenario == "start-stop":
+    try:
+        hvd.start_timeline("")
+        raise AssertionError("start_timeline('') must raise ValueError")
+    except ValueError as exc:
+        assert "file_path" in str(exc), exc
     hvd.start_timeline(os.path.join(directory, "a.json"))
     allreduce(2)
     hvd.stop_timeline()
