@@ -13,17 +13,21 @@ from mpi4py import MPI
 from ripples import runtime as _runtime
 from ripples.config import Config
 from ripples.errors import MismatchError, NotInitializedError, RipplesError, RipplesTimeoutError
+from ripples.ops.collectives import (allgather_async, alltoall_async, broadcast_async,
+                                     broadcast_async_, grouped_allgather_async,
+                                     grouped_reducescatter_async, reducescatter_async,
+                                     sparse_allreduce_async)
 from ripples.ops.collectives import (allgather_object, allreduce_, allreduce_async,
                                      allreduce_async_, barrier, broadcast_, broadcast_object,
                                      grouped_allreduce_, grouped_allreduce_async,
                                      grouped_allreduce_async_, poll, synchronize)
 from ripples.ops.handles import Handle
 from ripples.ops.join import join
-from ripples.ops.partial import (grouped_partial_allreduce_,
+from ripples.ops.partial import (grouped_partial_allreduce_, grouped_partial_allreduce_async_,
                                  partial_allreduce_, partial_allreduce_async,
                                  partial_allreduce_async_)
 from ripples.ops.process_sets import (ProcessSet, add_process_set, global_process_set,
-                                      remove_process_set)
+                                      process_set_by_id, process_sets, remove_process_set)
 from ripples.ops.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ripples.torch.compression import Compression
 from ripples.torch.functions import (average_model, broadcast_optimizer_state,
@@ -39,9 +43,34 @@ def init(comm: Optional[MPI.Comm] = None, process_sets=None, **settings) -> None
     """Initialize ripples on this rank (collective over ``comm``, default the MPI world).
 
     ``comm`` may be any mpi4py communicator (e.g. to share a job with Horovod); ripples works
-    on private duplicates of it. ``settings`` override ``Config`` fields (and ``RIPPLES_*``).
+    on private duplicates of it. ``process_sets``: as in Horovod, a list of ``ProcessSet``
+    objects to register (each checked against the world size and given its
+    ``process_set_id``) or ``"dynamic"``; ripples needs no registration beyond that (a set's
+    communicator is built by its members at its first collective). ``settings`` override
+    ``Config`` fields (and ``RIPPLES_*``).
     """
+    sets = _check_process_sets(process_sets)
     _runtime.init(comm, **settings)
+    for index, process_set in enumerate(sets):
+        try:
+            add_process_set(process_set)
+        except ValueError as exc:
+            raise ValueError(f"init(process_sets=...): process_sets[{index}]: {exc}") from None
+
+
+def _check_process_sets(process_sets) -> list:
+    if process_sets is None or process_sets == "dynamic":
+        return []
+    if isinstance(process_sets, (str, ProcessSet)) or not hasattr(process_sets, "__iter__"):
+        raise TypeError("init(process_sets=...) takes a list of hvd.ProcessSet objects or "
+                        f"'dynamic', got {process_sets!r}")
+    sets = list(process_sets)
+    for index, process_set in enumerate(sets):
+        if not isinstance(process_set, ProcessSet):
+            raise TypeError(f"init(process_sets=...): process_sets[{index}] must be a "
+                            f"hvd.ProcessSet (e.g. hvd.ProcessSet([0, 1])), got "
+                            f"{type(process_set).__name__}")
+    return sets
 
 
 def shutdown() -> None:
@@ -84,6 +113,7 @@ def mpi_threads_supported() -> bool:
 
 
 def mpi_enabled() -> bool:
+    """True: ripples always runs its collectives over MPI."""
     return True
 
 
@@ -99,10 +129,24 @@ def gloo_built() -> bool:
     return False
 
 
-def nccl_built() -> bool:
-    """True when the NCCL backend is usable here (cupy with NCCL importable)."""
+def nccl_built() -> int:
+    """The NCCL version as an int (e.g. 22105) when the NCCL backend is usable here
+    (cupy with NCCL importable), else 0; as in Horovod, truthiness tells whether it is."""
     from ripples.comm import nccl
-    return nccl.nccl_available()
+    return nccl.nccl_version() if nccl.nccl_available() else 0
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks (known since ``init()``)."""
+    return _runtime.current().homogeneous
 
 
 def cuda_built() -> bool:
