@@ -166,6 +166,7 @@ class Engine:
                 pause = min(_MAX_PAUSE_S, pause * 2 or _MIN_PAUSE_S)
                 time.sleep(pause)
 
+    @torch.no_grad()  # grad mode is per thread; collectives never record autograd history
     def _step(self) -> bool:
         """One control round on the group of the oldest request, and the agreed data
         movement. Returns whether anything finished. Caller holds the comm lock."""
@@ -175,6 +176,8 @@ class Engine:
                 return False
             group = self._pending[0].group
             batch = [r for r in self._pending if r.group == group]
+        if rt.timeline.enabled:
+            rt.timeline.mark_cycle()
         by_name = {r.name: r for r in batch}
         comm = rt.world if group == rt.world_group else rt.cache.lookup(group)
         if len(group) == 1:
@@ -222,7 +225,7 @@ class Engine:
         while i < len(requests):
             first = requests[i]
             if first.pair is None:
-                self._run_one(first, comm, active)
+                self._perform([first], group, lambda: first.run(comm, active))
                 i += 1
                 continue
             j = i
@@ -230,21 +233,25 @@ class Engine:
                 j += 1
             for chunk in fusion_chunks([r.nbytes for r in requests[i:j]], threshold):
                 members = [requests[i + k] for k in chunk]
-                error = None
-                try:
-                    self._reduce_fused(comm, group, active, members)
-                except BaseException as exc:  # kept in the handles, raised by synchronize
-                    error = exc
-                self._finish(members, error)
+                self._perform(members, group, lambda m=members: self._reduce_fused(
+                    comm, group, active, m))
             i = j
 
-    def _run_one(self, request: Request, comm, active: int) -> None:
+    def _perform(self, requests: List[Request], group, action: Callable[[], None]) -> None:
+        """Run the agreed data movement of ``requests``, record it on the timeline under
+        their names, and finish their handles (an error is kept for synchronize)."""
+        timeline = self._rt.timeline
+        start = timeline.now() if timeline.enabled else 0.0
         error = None
         try:
-            request.run(comm, active)
+            action()
         except BaseException as exc:
             error = exc
-        self._finish([request], error)
+        if timeline.enabled:
+            timeline.complete(requests[0].what, "communication", start, timeline.now() - start,
+                              {"group": list(group), "names": [r.name for r in requests],
+                               "bytes": sum(r.nbytes for r in requests)})
+        self._finish(requests, error)
 
     def _finish(self, requests: Sequence[Request], error: Optional[BaseException]) -> None:
         with self._lock:

@@ -111,15 +111,20 @@ _ids = itertools.count(1)
 
 def add_process_set(ranks) -> ProcessSet:
     """Register a process set of ``ranks`` (a ``ProcessSet``, a list of world ranks or an
-    mpi4py communicator) and return it with its ``process_set_id``. Local: no collective."""
+    mpi4py communicator) and return it with its ``process_set_id``. Local: no collective.
+
+    Raises ValueError, as Horovod does, when a set of the same ranks is already registered
+    (adding that same ``ProcessSet`` object again just returns it)."""
     process_set = ranks if isinstance(ranks, ProcessSet) else ProcessSet(ranks)
     if process_set.is_global():
         return global_process_set
     process_set.group()  # validates against the world size
     for known in _registered.values():
         if known is not process_set and known.ranks == process_set.ranks:
-            process_set.process_set_id = known.process_set_id
-            return process_set
+            raise ValueError(f"add_process_set: a process set of ranks {process_set.ranks} is "
+                             f"already registered (process_set_id {known.process_set_id}"
+                             f"{': hvd.global_process_set' if known.is_global() else ''}); "
+                             "use that one, or remove_process_set() it first")
     if process_set.process_set_id is None:
         process_set.process_set_id = next(_ids)
         _registered[process_set.process_set_id] = process_set

@@ -46,7 +46,7 @@ def allreduce_wire(what: str, op: ReduceOp, tensor: torch.Tensor, prescale: floa
 
 
 def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair], op: ReduceOp,
-                 prescale: float = 1.0, postscale: float = 1.0, what: str = "allreduce") -> None:
+                 prescale: float = 1.0, postscale: float = 1.0) -> None:
     """All-reduce ``pairs`` (inputs into outputs, one dtype) over ``group``'s communicator
     ``comm``, once the members have agreed to (the engine calls this).
 
@@ -56,23 +56,6 @@ def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair]
     postscale into the unpack). Integer tensors are scaled as Horovod does: the product in
     float64, truncated toward zero.
     """
-    timeline = runtime.timeline
-    start = timeline.now() if timeline.enabled else 0.0
-    _reduce(runtime, comm, group, active, pairs, op, prescale, postscale)
-    if timeline.enabled:
-        nbytes = sum(p[0].numel() * p[0].element_size() for p in pairs)
-        timeline.complete(what, "communication", start, timeline.now() - start,
-                          {"group": list(group), "bytes": nbytes, "tensors": len(pairs)})
-
-
-def reduce_requests(runtime, comm, group: Group, active: int, requests) -> None:
-    """Reduce one fused run of agreed all-reduce requests (same dtype, op and scaling)."""
-    op, prescale, postscale = requests[0].reduce
-    reduce_pairs(runtime, comm, group, active, [r.pair for r in requests], op, prescale,
-                 postscale, requests[0].what)
-
-
-def _reduce(runtime, comm, group, active, pairs, op, prescale, postscale) -> None:
     dtype = pairs[0][0].dtype
     mpi_operation = mpi_op(op, dtype)
     post = postscale / active if op is ReduceOp.AVERAGE else postscale
@@ -80,7 +63,7 @@ def _reduce(runtime, comm, group, active, pairs, op, prescale, postscale) -> Non
         reduce_on_gpu(runtime, comm, group, pairs, op, active, prescale, postscale, mpi_operation)
         return
     if not (dtype.is_floating_point or dtype is torch.bool):
-        _reduce_integers(comm, len(group), pairs, mpi_operation, prescale, post)
+        _reduce_integers(runtime, comm, len(group), pairs, mpi_operation, prescale, post)
         return
     red_dtype = reduction_dtype(dtype)
     if len(pairs) == 1 and prescale == 1.0 and red_dtype == dtype:
@@ -97,6 +80,13 @@ def _reduce(runtime, comm, group, active, pairs, op, prescale, postscale) -> Non
     kernels.unpack(buffer, [p[1] for p in pairs], scale=post)
 
 
+def reduce_requests(runtime, comm, group: Group, active: int, requests) -> None:
+    """Reduce one fused run of agreed all-reduce requests (same dtype, op and scaling)."""
+    op, prescale, postscale = requests[0].reduce
+    reduce_pairs(runtime, comm, group, active, [r.pair for r in requests], op, prescale,
+                 postscale)
+
+
 def _reduce_one(comm, source: torch.Tensor, target: torch.Tensor, operation, group_size: int):
     if group_size == 1:
         if target.data_ptr() != source.data_ptr():
@@ -107,19 +97,22 @@ def _reduce_one(comm, source: torch.Tensor, target: torch.Tensor, operation, gro
         comm.Allreduce(as_buffer(source), as_buffer(target), op=operation)
 
 
-def _reduce_integers(comm, group_size, pairs, operation, prescale, post) -> None:
-    for source, target in pairs:
-        if prescale != 1.0:
-            source = _scaled_integers(source, prescale)
-        if not (source.is_contiguous() and target.is_contiguous()):
-            work = source.contiguous().clone() if source.data_ptr() == target.data_ptr() \
-                else source.contiguous()
-            result = torch.empty_like(work)
-            _reduce_one(comm, work, result, operation, group_size)
-            target.copy_(result)
-        else:
-            _reduce_one(comm, source, target, operation, group_size)
-        if post != 1.0:
+def _reduce_integers(runtime, comm, group_size, pairs, operation, prescale, post) -> None:
+    # One MPI call for the whole run, like the float path: a joined rank contributes one
+    # fused buffer of the same length (participate_with_identity).
+    sources = [p[0] if prescale == 1.0 else _scaled_integers(p[0], prescale) for p in pairs]
+    targets = [p[1] for p in pairs]
+    source, target = sources[0], targets[0]
+    if len(pairs) == 1 and source.is_contiguous() and target.is_contiguous():
+        _reduce_one(comm, source, target, operation, group_size)
+    else:
+        buffer = runtime.buffers.get(source.dtype, sum(s.numel() for s in sources))
+        kernels.pack(sources, buffer)
+        if group_size > 1:
+            comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=operation)
+        kernels.unpack(buffer, targets)
+    if post != 1.0:
+        for target in targets:
             target.copy_(_scaled_integers(target, post))
 
 

@@ -36,6 +36,7 @@ from ripples.torch.mpi_ops import (allgather, allreduce, alltoall, broadcast, gr
                                    grouped_allreduce, grouped_reducescatter, partial_allreduce,
                                    reducescatter)
 from ripples.torch.optimizer import DistributedOptimizer, Sync
+from ripples.torch.optimizer_base import GradientsPendingError
 from ripples.torch.sync_batch_norm import SyncBatchNorm
 
 

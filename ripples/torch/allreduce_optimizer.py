@@ -187,9 +187,10 @@ class AllreduceOptimizer(WrappedOptimizer):
         """Synchronize (see the class contract), then the wrapped optimizer's step."""
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() outside "
-                              "optimizer.skip_synchronize(): gradients are all-reduced "
-                              "again. Wrap step() in `with optimizer.skip_synchronize():`",
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(): gradients are "
+                              "all-reduced again. Wrap step() in "
+                              "`with optimizer.skip_synchronize():`",
                               stacklevel=2)
             self.synchronize()
         elif not self._synchronized:

@@ -204,16 +204,19 @@ class _Alltoall(torch.autograd.Function):
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """All-to-all: ``splits[i]`` rows of ``tensor`` go to member ``i`` (even division without
-    ``splits``); returns ``(received, received_splits)``.
+    """All-to-all: ``splits[i]`` rows of ``tensor`` go to member ``i``. As in Horovod,
+    returns ``(received, received_splits)`` when ``splits`` is given, else dimension 0 is
+    divided evenly and the received tensor alone is returned.
 
     Differentiable as in Horovod: the gradient travels back by the reverse all-to-all,
     each member sending ``received_splits`` rows of the gradient, so every row's gradient
     returns to the member and position it came from. ``received_splits`` has no gradient.
     """
     if not _records(tensor):
-        return _ops.alltoall(tensor, splits, name, process_set)
-    return _Alltoall.apply(tensor, splits, name, process_set)
+        received, received_splits = _ops.alltoall(tensor, splits, name, process_set)
+    else:
+        received, received_splits = _Alltoall.apply(tensor, splits, name, process_set)
+    return received if splits is None else (received, received_splits)
 
 
 # ---------------------------------------------------------------- reduce-scatter

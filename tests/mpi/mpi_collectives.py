@@ -152,7 +152,7 @@ def test_reducescatter():
 
 def test_process_set_of_the_first_half():
     members = list(range(max(1, N // 2)))
-    ps = hvd.add_process_set(members)
+    ps = hvd.add_process_set(members) if len(members) < N else hvd.global_process_set
     if R in members:
         got = hvd.allreduce(torch.full((2,), float(R)), op=hvd.Sum, process_set=ps)
         assert got.tolist() == [float(sum(members))] * 2
