@@ -1,4 +1,5 @@
-"""One validated configuration: explicit arguments > ``RIPPLES_*`` environment > defaults.
+"""One validated configuration: explicit arguments > ``RIPPLES_*`` environment > the
+Horovod variables a Horovod job may already set (``HOROVOD_NAMES``) > defaults.
 
 This module is the only place that reads ``RIPPLES_*`` variables. Unknown ``RIPPLES_*``
 names produce a warning (a typo must not silently fall back to a default).
@@ -13,6 +14,14 @@ from typing import Any, Mapping, Optional
 ENV_PREFIX = "RIPPLES_"
 # Variables read by the test suite, not by the library.
 _NON_CONFIG_NAMES = {"RIPPLES_TEST_GPU", "RIPPLES_TEST_MPIEXEC"}
+# Horovod's variables with the same meaning, so `HOROVOD_TIMELINE=t.json mpiexec ...` keeps
+# working after a script switches to ripples.
+HOROVOD_NAMES = {
+    "HOROVOD_TIMELINE": "timeline",
+    "HOROVOD_FUSION_THRESHOLD": "fusion_threshold_bytes",
+    "HOROVOD_CYCLE_TIME": "cycle_time_ms",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "stall_warning_s",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +84,8 @@ class Config:
         for name in overrides:
             if name not in fields:
                 raise TypeError(f"Config has no setting {name!r}; valid settings: {sorted(fields)}")
-        values = {}
+        values = {name: _parse(key, environ[key], fields[name].type)
+                  for key, name in HOROVOD_NAMES.items() if environ.get(key, "") != ""}
         for key, text in environ.items():
             if not key.startswith(ENV_PREFIX) or key in _NON_CONFIG_NAMES:
                 continue

@@ -48,3 +48,18 @@ def test_unknown_argument_lists_valid_settings():
 def test_config_is_frozen():
     with pytest.raises(Exception):
         Config().timeout_s = 1
+
+
+def test_horovod_variables_apply_below_ripples_ones():
+    """A Horovod job's HOROVOD_TIMELINE etc. keep working; RIPPLES_* and arguments win."""
+    environ = {"HOROVOD_TIMELINE": "/tmp/h.json", "HOROVOD_FUSION_THRESHOLD": "1048576",
+               "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_STALL_CHECK_TIME_SECONDS": "30",
+               "HOROVOD_OTHER": "ignored"}
+    config = Config.load(environ=environ)
+    assert (config.timeline, config.fusion_threshold_bytes, config.cycle_time_ms,
+            config.stall_warning_s) == ("/tmp/h.json", 1048576, 2.5, 30.0)
+    environ["RIPPLES_TIMELINE"] = "/tmp/r.json"
+    assert Config.load(environ=environ).timeline == "/tmp/r.json"
+    assert Config.load(environ=environ, timeline="").timeline == ""
+    with pytest.raises(ValueError, match="HOROVOD_CYCLE_TIME"):
+        Config.load(environ={"HOROVOD_CYCLE_TIME": "fast"})
