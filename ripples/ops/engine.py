@@ -191,7 +191,7 @@ class Engine:
                 decision = negotiate(rt.ctl, record, what, rt.config.timeout_s,
                                      rt.config.stall_warning_s)
             except RipplesError as exc:
-                self._finish(batch, exc)
+                self._fail_unmatched(batch, exc)
                 return True
             if rt.timeline.enabled:  # the control round is where a rank waits for its peers
                 rt.timeline.complete("wait", "wait", start, rt.timeline.now() - start,
@@ -200,7 +200,7 @@ class Engine:
             if decision.create:
                 comm = rt.cache.create(group)
         for name, error in decision.failed.items():
-            self._finish([by_name[name]], error)
+            self._fail_unmatched([by_name[name]], error)
         self._execute(comm, group, decision.active, [by_name[n] for n in decision.run])
         progressed = bool(decision.run or decision.failed)
         if not progressed:
@@ -214,7 +214,7 @@ class Engine:
         for request in batch:
             request.missing = decision.missing.get(request.name, request.missing)
             if now - request.submitted > timeout:
-                self._finish([request], RipplesTimeoutError(
+                self._fail_unmatched([request], RipplesTimeoutError(
                     f"{request.what} {request.name!r} on group {request.group}: "
                     f"{missing_description(request.missing)} within {timeout:g} s "
                     f"(rank {self._rt.rank} is waiting; Config.timeout_s / RIPPLES_TIMEOUT_S)"))
@@ -251,6 +251,17 @@ class Engine:
             timeline.complete(requests[0].what, "communication", start, timeline.now() - start,
                               {"group": list(group), "names": [r.name for r in requests],
                                "bytes": sum(r.nbytes for r in requests)})
+        self._finish(requests, error)
+
+    def _fail_unmatched(self, requests: Sequence[Request], error: BaseException) -> None:
+        """Fail requests whose collective never ran. An unnamed one gives its number back
+        (when it is the group's latest), so this rank counts on as the members that never
+        issued it do, and the group's next unnamed collective still matches."""
+        with self._lock:
+            for request in reversed(requests):
+                n = self._unnamed.get(request.group, 0)
+                if n > 0 and request.name.endswith(f".noname.{n - 1}"):
+                    self._unnamed[request.group] = n - 1
         self._finish(requests, error)
 
     def _finish(self, requests: Sequence[Request], error: Optional[BaseException]) -> None:
