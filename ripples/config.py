@@ -34,6 +34,9 @@ class Config:
     cache_capacity: group communicators kept per rank (least recently used is freed).
     fusion_threshold_bytes: consecutive agreed all-reduces are fused into buffers up to
         this size.
+    bucket_bytes: ``DistributedOptimizer`` (``sync="allreduce"``) lays float32/float64 host
+        gradients out in flat buckets of up to this size, all-reduced in reverse layer
+        order while backward runs; 0 all-reduces each gradient by name at ``step()``.
     cycle_time_ms: how long the background engine lets asynchronous collectives gather
         before it negotiates them (Horovod's cycle time); a caller that waits negotiates at
         once.
@@ -54,6 +57,7 @@ class Config:
     stall_warning_s: float = 10.0
     cache_capacity: int = 64
     fusion_threshold_bytes: int = 64 * 1024 * 1024
+    bucket_bytes: int = 25 * 1024 * 1024
     cycle_time_ms: float = 1.0
     verbose: bool = False
     slowdown: str = ""
@@ -72,6 +76,8 @@ class Config:
         _require(self.cache_capacity >= 1, "cache_capacity", self.cache_capacity, "an integer >= 1")
         _require(self.fusion_threshold_bytes >= 0, "fusion_threshold_bytes",
                  self.fusion_threshold_bytes, "an integer >= 0 (0 disables fusion)")
+        _require(self.bucket_bytes >= 0, "bucket_bytes", self.bucket_bytes,
+                 "an integer >= 0 (0 disables gradient buckets)")
         _require(self.cycle_time_ms >= 0, "cycle_time_ms", self.cycle_time_ms, "a number >= 0")
         _require(self.compute_ms >= 0, "compute_ms", self.compute_ms, "a number >= 0")
         _require(self.ps_servers >= 0, "ps_servers", self.ps_servers, "an integer >= 0")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import weakref
 from typing import Callable, List, Optional, Tuple
 
 from mpi4py import MPI
@@ -68,6 +69,8 @@ class Runtime:
         # Called by join() before the ranks meet: decentralized and PS optimizers finish
         # the work already assigned to this rank.
         self.join_hooks: List[Callable[[], None]] = []
+        # Planned all-reduces (ops.bucket_reducer) a joined rank keeps taking part in.
+        self.reducers = weakref.WeakSet()
         if config.verbose:
             log.warning("ripples rank %d/%d (local %d/%d, node %d/%d), MPI: %s", self.rank,
                         self.size, self.local_rank, self.local_size, self.cross_rank,

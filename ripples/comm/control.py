@@ -85,17 +85,18 @@ class Decision:
 
 
 def negotiate(ctl: MPI.Comm, record: Record, what: str, timeout_s: float,
-              stall_s: float) -> Decision:
+              stall_s: float, idle=None) -> Decision:
     """Run one control round for ``record.group`` (world ranks, sorted) and return this
     member's decision. Raises ``RipplesTimeoutError`` when a member (or, for a follower, the
-    leader) does not arrive in time; per-name failures come back in ``Decision.failed``."""
+    leader) does not arrive in time; per-name failures come back in ``Decision.failed``.
+    ``idle``: called while waiting for the members (see ``poll_until``)."""
     group = record.group
     if ctl.Get_rank() == group[0]:
-        return _lead(ctl, record, what, timeout_s, stall_s)
-    return _follow(ctl, record, what, timeout_s, stall_s)
+        return _lead(ctl, record, what, timeout_s, stall_s, idle)
+    return _follow(ctl, record, what, timeout_s, stall_s, idle)
 
 
-def _lead(ctl, mine: Record, what, timeout_s, stall_s) -> Decision:
+def _lead(ctl, mine: Record, what, timeout_s, stall_s, idle) -> Decision:
     group = mine.group
     members = group[1:]
     raw: Dict[int, bytes] = {}
@@ -115,7 +116,7 @@ def _lead(ctl, mine: Record, what, timeout_s, stall_s) -> Decision:
                 f"(rank {group[0]} is waiting)")
 
     try:
-        poll_until(receive, Deadline(timeout_s, stall_s, describe))
+        poll_until(receive, Deadline(timeout_s, stall_s, describe), idle)
     except RipplesTimeoutError as exc:
         _send_all(ctl, {m: ("error", "timeout", str(exc)) for m in raw}, timeout_s, stall_s,
                   group, what)
@@ -200,7 +201,7 @@ def _send_all(ctl, replies: dict, timeout_s, stall_s, group, what) -> None:
     poll_until(lambda: MPI.Request.Testall(requests), deadline)
 
 
-def _follow(ctl, mine: Record, what, timeout_s, stall_s) -> Decision:
+def _follow(ctl, mine: Record, what, timeout_s, stall_s, idle) -> Decision:
     group = mine.group
     leader = group[0]
     send = ctl.Isend(mine.encode(), dest=leader, tag=_TAG_RECORD)
@@ -211,7 +212,8 @@ def _follow(ctl, mine: Record, what, timeout_s, stall_s) -> Decision:
         f"{what} on group {group}: leader rank {leader} has not answered "
         f"(rank {ctl.Get_rank()} is waiting)"))
     try:
-        poll_until(lambda: ctl.Iprobe(source=leader, tag=_TAG_REPLY, status=status), deadline)
+        poll_until(lambda: ctl.Iprobe(source=leader, tag=_TAG_REPLY, status=status), deadline,
+                   idle)
     except RipplesTimeoutError:
         if not send.Test():
             send.Cancel()

@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from ripples.errors import RipplesTimeoutError
-from ripples.ops.reduce_ops import ReduceOp
+from ripples.reduce_ops import ReduceOp
 
 log = logging.getLogger("ripples")
 
@@ -74,6 +74,11 @@ class Deadline:
         self.describe = describe
         self._warned = False
 
+    def restart(self) -> None:
+        """Count the timeout afresh from now (the awaited peers showed signs of life)."""
+        self.start = time.monotonic()
+        self._warned = False
+
     def check(self) -> None:
         elapsed = time.monotonic() - self.start
         if elapsed > self.timeout_s:
@@ -89,8 +94,12 @@ def wait_all(requests: Sequence[MPI.Request], deadline: Deadline) -> None:
     poll_until(lambda: MPI.Request.Testall(requests), deadline)
 
 
-def poll_until(done: Callable[[], bool], deadline: Deadline) -> None:
+def poll_until(done: Callable[[], bool], deadline: Deadline,
+               idle: Optional[Callable[[], bool]] = None) -> None:
     """Call ``done()`` until it returns True or the deadline passes.
+
+    ``idle`` (optional) is called between polls; when it returns True (it did work with
+    the peers, so they are alive) the deadline starts afresh.
 
     Spins for a moment (a shared-memory round trip takes microseconds), then yields the
     core between polls so that oversubscribed ranks let the peers they wait for run, and
@@ -104,6 +113,8 @@ def poll_until(done: Callable[[], bool], deadline: Deadline) -> None:
         waited = time.perf_counter() - start
         if waited < _SPIN_S:
             continue
+        if idle is not None and idle():
+            deadline.restart()
         deadline.check()
         if waited < _YIELD_S:
             os.sched_yield()

@@ -20,6 +20,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from mpi4py import MPI
 
 from ripples.comm.control import Decision, Record, missing_description, negotiate
 from ripples.errors import RipplesError, RipplesTimeoutError
@@ -283,13 +284,33 @@ class Engine:
         self.drain()
         if rt.size == 1:
             return rt.rank
+        reducers = [r for r in list(rt.reducers) if rt.rank in r.group]
+        for reducer in reducers:  # planned all-reduces of the active ranks get our zeros
+            reducer.join_poll()
+
+        steps_seen = 0
+
+        def idle() -> bool:
+            nonlocal steps_seen
+            ran = sum(reducer.join_poll() for reducer in reducers)
+            steps_seen += ran
+            return ran > 0
+
         rounds = 0
         while True:
             with self._comm_lock:
                 record = Record(rt.world_group, False, rounds, False, [])
                 decision = negotiate(rt.ctl, record, "join", rt.config.timeout_s,
-                                     rt.config.stall_warning_s)
+                                     rt.config.stall_warning_s, idle)
                 if decision.last_joined >= 0:
+                    for reducer in reducers:
+                        reducer.join_finish()
+                    # Planned steps ran outside these rounds: a rank that took part in
+                    # neither joined before someone else stopped training.
+                    fresh = rounds == 0 and steps_seen == 0
+                    last = rt.ctl.allreduce(rt.rank if fresh else -1, op=MPI.MAX)
+                    if last >= 0:
+                        decision.last_joined = last
                     # Ranks that joined early ran fewer unnamed collectives; every rank is
                     # at this point together, so counting starts afresh everywhere.
                     with self._lock:

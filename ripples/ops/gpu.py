@@ -10,7 +10,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from ripples import kernels
-from ripples.ops.reduce_ops import ReduceOp
+from ripples.reduce_ops import ReduceOp
 
 _NCCL_OPS = {ReduceOp.SUM: "sum", ReduceOp.AVERAGE: "sum", ReduceOp.MIN: "min",
              ReduceOp.MAX: "max", ReduceOp.PRODUCT: "prod"}

@@ -16,7 +16,7 @@ from ripples import kernels
 from ripples.comm.groups import Group
 from ripples.comm.mpi import as_buffer, mpi_op, reduction_dtype
 from ripples.ops.gpu import reduce_on_gpu
-from ripples.ops.reduce_ops import ReduceOp
+from ripples.reduce_ops import ReduceOp
 
 Pair = Tuple[torch.Tensor, torch.Tensor]  # (input, output); the same tensor for in-place
 

@@ -28,7 +28,7 @@ from ripples.ops.partial import (grouped_partial_allreduce_, grouped_partial_all
                                  partial_allreduce_async_)
 from ripples.ops.process_sets import (ProcessSet, add_process_set, global_process_set,
                                       process_set_by_id, process_sets, remove_process_set)
-from ripples.ops.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ripples.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ripples.torch.compression import Compression
 from ripples.torch.functions import (average_model, broadcast_optimizer_state,
                                      broadcast_parameters, consensus_distance)

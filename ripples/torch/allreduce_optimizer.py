@@ -1,10 +1,24 @@
 """``sync="allreduce"``: Horovod's semantics, gradients averaged over the process set.
 
-Gradient hooks only count backward passes; ``synchronize()`` submits one all-reduce per
-parameter (or per fusion group) named after the parameter, in the optimizer's parameter
-order. Every rank therefore reduces the same parameter with the same parameter whatever
-order its hooks fired in, and whichever layers it skipped: a parameter without a gradient
-on a rank contributes zeros there (its ``grad`` becomes zeros, as in Horovod).
+Two paths, chosen per parameter when the optimizer is made (and again when the set of
+gradients changes, see below):
+
+- **Buckets** (float32/float64 host gradients, op Sum or Average, no compression,
+  ``Config.bucket_bytes > 0``): each ``param.grad`` is a view into a flat bucket
+  (``gradient_buckets``), planned once on every rank alike. A gradient hook marks a
+  parameter final after its last backward pass; a bucket whose parameters are all final is
+  all-reduced at once, in plan order, on a communication thread, while backward goes on.
+  ``step()`` waits only for what is still in flight. No per-step negotiation: one
+  fixed-size record per step checks that every member is at the same step of the plan.
+- **By name** (everything else: 16-bit gradients, compression, Min/Max/Product, sparse
+  gradients): ``synchronize()`` submits one all-reduce per parameter (or fusion group)
+  named after the parameter, negotiated by name.
+
+Either way every rank reduces each parameter with the same parameter whichever layers it
+skipped: a parameter without a gradient on a rank contributes zeros there (its ``grad``
+becomes zeros, as in Horovod). The plan is re-agreed (collectively, at ``synchronize()``)
+when a parameter frozen at wrapping time starts requiring grad, or a bucketed parameter
+produces a sparse gradient; that step reduces the newcomers by name.
 """
 from __future__ import annotations
 
@@ -14,9 +28,13 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ripples.ops.collectives import (allreduce_async_, grouped_allreduce_async_,
-                                     sparse_allreduce_async, synchronize)
-from ripples.ops.reduce_ops import ReduceOp
+from ripples.ops.bucket_reducer import SUPPORTED_OPS
+from ripples.ops.collectives import (allgather_object, allreduce_async_,
+                                     grouped_allreduce_async_, sparse_allreduce_async,
+                                     synchronize)
+from ripples.reduce_ops import ReduceOp
+from ripples.torch.compression import Compression
+from ripples.torch.gradient_buckets import GradientBuckets, bucketable
 from ripples.torch.optimizer_base import GradientsPendingError, WrappedOptimizer
 
 Named = List[Tuple[str, torch.Tensor]]
@@ -94,7 +112,7 @@ class AllreduceOptimizer(WrappedOptimizer):
 
     def __init__(self, optimizer, named: Named, compression, backward_passes_per_step: int,
                  op: ReduceOp, gradient_predivide_factor: float, process_set, groups=None,
-                 sparse_as_dense: bool = False):
+                 sparse_as_dense: bool = False, frozen: Named = ()):
         super().__init__(optimizer, named)
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
@@ -104,11 +122,33 @@ class AllreduceOptimizer(WrappedOptimizer):
         self._postscale = gradient_predivide_factor if average else 1.0
         self._process_set = process_set
         self._sparse_as_dense = sparse_as_dense
-        self._units = fusion_units(named, groups)
+        self._groups = groups
+        self._trainable = list(named)
+        self._frozen = list(frozen)  # owned, not requiring grad when last planned
+        self._sparse_seen: set = set()
         self._names = {p: name for name, p in named}
         self._passes: Dict[torch.Tensor, int] = {p: 0 for _, p in named}
         self._synchronized = False
         self._hooks = [p.register_post_accumulate_grad_hook(_weak_hook(self)) for _, p in named]
+        self._buckets: Optional[GradientBuckets] = None
+        self._plan()
+
+    def _plan(self) -> None:
+        """Split the trainable parameters between buckets and by-name all-reduces.
+        Collective over the process set when any parameter is bucketed."""
+        rt = self._runtime
+        use_buckets = (rt.config.bucket_bytes > 0 and self._compression is Compression.none
+                       and self.op in SUPPORTED_OPS and self._process_set.included())
+        bucketed = [(n, p) for n, p in self._trainable
+                    if use_buckets and bucketable(p) and p not in self._sparse_seen]
+        if self._buckets is not None:
+            self._buckets.close()
+        self._buckets = (GradientBuckets(rt, self._process_set.group(), bucketed,
+                                         rt.config.bucket_bytes, self.op, self._prescale,
+                                         self._postscale) if bucketed else None)
+        in_buckets = {p for _, p in bucketed}
+        self._units = fusion_units([(n, p) for n, p in self._trainable if p not in in_buckets],
+                                   self._groups)
 
     def _on_grad(self, param: torch.Tensor) -> None:
         if self._passes[param] >= self.backward_passes_per_step:
@@ -119,6 +159,12 @@ class AllreduceOptimizer(WrappedOptimizer):
                 "backward_passes_per_step to accumulate gradients locally")
         self._passes[param] += 1
         self._synchronized = False
+        buckets = self._buckets
+        if (buckets is not None and self._passes[param] == self.backward_passes_per_step
+                and param in buckets):
+            if param.grad is not None and param.grad.is_sparse:
+                self._sparse_seen.add(param)
+            buckets.ready(param)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes accumulate before each ``step()`` (Horovod)."""
@@ -138,14 +184,46 @@ class AllreduceOptimizer(WrappedOptimizer):
             self._passes = dict.fromkeys(self._passes, 0)
             self._synchronized = True
             return
-        pending = [submission for unit in self._units for submission in self._submit(unit)]
+        unfrozen = [(n, p) for n, p in self._frozen if p.requires_grad]
+        newcomers = unfrozen + [(self._names[p], p) for p in self._sparse_seen
+                                if self._buckets is not None and p in self._buckets]
+        units = self._units + [[item] for item in newcomers]
+        pending = [submission for unit in units for submission in self._submit(unit)]
         with self.metrics.waiting():
+            if self._buckets is not None:
+                self._buckets.finish()
             for handle, members in pending:
                 result = synchronize(handle)
                 for param, tensor, ctx, sparse_dim in members:
                     self._take(param, result if tensor is None else tensor, ctx, sparse_dim)
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized = True
+        if newcomers:
+            self._replan(unfrozen)
+
+    def _replan(self, unfrozen: Named) -> None:
+        """The set of gradients changed: agree on it with the other members (every rank
+        raises ``ValueError`` if they differ) and plan the buckets afresh."""
+        for name, param in unfrozen:
+            self._frozen.remove((name, param))
+            self._trainable.append((name, param))
+            self._names[param] = name
+            self._passes[param] = 0
+            self._hooks.append(param.register_post_accumulate_grad_hook(_weak_hook(self)))
+        order = [p for group in self.optimizer.param_groups for p in group["params"]]
+        position = {id(p): i for i, p in enumerate(order)}
+        self._trainable.sort(key=lambda item: position.get(id(item[1]), 0))
+        mine = ([n for n, _ in self._trainable], sorted(self._names[p] for p in self._sparse_seen))
+        everyone = allgather_object(mine, process_set=self._process_set)
+        differing = [self._process_set.group()[i] for i, theirs in enumerate(everyone)
+                     if theirs != mine]
+        if differing:
+            raise ValueError(
+                f"the set of gradients changed differently across ranks: rank(s) {differing} "
+                f"train other parameters than rank {self._runtime.rank} (trainable "
+                f"{len(mine[0])}, sparse {mine[1]}); every rank must unfreeze the same "
+                "parameters at the same step")
+        self._plan()
 
     def _submit(self, unit):
         """Start the all-reduces of one fusion unit: ``[(handle, members)]``, each member
@@ -224,7 +302,11 @@ class AllreduceOptimizer(WrappedOptimizer):
         self._synchronized = False
 
     def close(self) -> None:
-        """Remove the gradient hooks (the optimizer stops counting backward passes)."""
+        """Remove the gradient hooks (the optimizer stops counting backward passes) and
+        stop the bucket thread."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        if self._buckets is not None:
+            self._buckets.close()
+            self._buckets = None

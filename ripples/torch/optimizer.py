@@ -21,7 +21,7 @@ import torch
 from ripples import runtime as _runtime
 from ripples.ops.collectives import allgather_object
 from ripples.ops.process_sets import ProcessSet, global_process_set
-from ripples.ops.reduce_ops import ReduceOp, check_op
+from ripples.reduce_ops import ReduceOp, check_op
 from ripples.torch.allreduce_optimizer import AllreduceOptimizer, fusion_units
 from ripples.torch.compression import Compression
 from ripples.torch.decentralized_optimizer import (SCHEDULES, DecentralizedOptimizer,
@@ -142,7 +142,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             _check_same_model(trainable, process_set, [[n for n, _ in unit] for unit in units])
         return AllreduceOptimizer(optimizer, trainable, compression, backward_passes_per_step,
                                   op, gradient_predivide_factor, process_set, groups,
-                                  sparse_as_dense)
+                                  sparse_as_dense,
+                                  frozen=[(n, p) for n, p in owned if not p.requires_grad])
     _check_same_model(trainable)
     size = _DEFAULT_GROUP_SIZE if group_size is None else group_size
     return DecentralizedOptimizer(optimizer, trainable, mode,

@@ -415,9 +415,10 @@ def test_grad_scaler_overflow_on_one_rank_skips_the_step_on_every_rank():
                                    named_parameters=model.named_parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
     before = [p.detach().clone() for p in model.parameters()]
-    scaler.scale(loss_of(model, *batch(0, R))).backward()
-    if R == 0:
-        model[0].weight.grad[0, 0] = float("inf")
+    # An overflow in rank 0's backward pass (its loss is infinite): the averaged gradients
+    # are non-finite on every rank, so every rank skips the step and lowers its scale.
+    loss = loss_of(model, *batch(0, R)) * (float("inf") if R == 0 else 1.0)
+    scaler.scale(loss).backward()
     opt.synchronize()
     scaler.unscale_(opt)
     with opt.skip_synchronize():
