@@ -200,12 +200,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--rows", default=";".join(ROWS), help="rows to run, separated by ;")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    args.rows = [r.strip() for r in args.rows.split(";") if r.strip()]
     unknown = [r for r in args.rows if r not in ROWS]
     if unknown:
         parser.error(f"--rows: unknown {unknown}; valid: {ROWS}")
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.np),
            "--oversubscribe", "--bind-to", "none", sys.executable, __file__, "--worker",
            "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--repeats", str(args.repeats), "--rows", ",".join(args.rows)]
+           "--repeats", str(args.repeats), "--rows", ";".join(args.rows)]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_NUM_THREADS="1")
     subprocess.run(cmd, check=True, env=env, timeout=1800)
