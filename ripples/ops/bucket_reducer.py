@@ -92,9 +92,6 @@ class BucketReducer:
         self._join_settled = False  # the all-joined record completed: post no more
         self._join_out = np.zeros(step_record.RECORD_FIELDS, dtype=np.int64)
 
-    def __len__(self) -> int:
-        return len(self.buffers)
-
     # ------------------------------------------------------------------ one step
 
     @property
