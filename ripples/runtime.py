@@ -1,7 +1,8 @@
 """The initialized state of ripples on one rank: one object, created by ``init()``.
 
-It owns the world communicator and its private duplicates, the rank facts, the group
-communicator cache, the communication engine (pending collectives) and the fusion buffers.
+It owns the world communicator and its private duplicates and the rank facts, and holds the
+group communicator cache, the communication engine (pending collectives) and the fusion
+buffers, which ``ripples.startup`` builds from the layers above and attaches.
 """
 from __future__ import annotations
 
@@ -26,26 +27,18 @@ _current: Optional["Runtime"] = None
 class Runtime:
     """Everything ``init()`` set up. Access it through ``current()``."""
 
-    def __init__(self, comm: Optional[MPI.Comm], config: Config):
-        from ripples.ops.collectives import allgather_as_joined, broadcast_as_joined
-        from ripples.ops.engine import Engine
-        from ripples.ops.fusion import FusionBuffers
-        from ripples.ops.gpu import NcclCache
-        from ripples.ops.reduction import participate_with_identity, reduce_requests
+    def __init__(self, comm: MPI.Comm, config: Config, ps=None):
+        """The communicators and rank facts of ``comm`` (collective over it).
 
-        if not MPI.Is_initialized():
-            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        ``ps``: the worker's parameter-server context, or None outside PS mode. The engine,
+        fusion buffers and NCCL cache are attached by ``ripples.startup.init``.
+        """
         self.config = config
-        base = MPI.COMM_WORLD if comm is None else comm
-        self.ps = None
-        if config.ps_servers:
-            from ripples import ps
-            self.ps = ps.start(base, config)  # server ranks serve and exit inside
-            base = self.ps.worker_comm
+        self.ps = ps
         # Private duplicates: user traffic on the caller's communicator never matches ours.
-        self.world = base.Dup()
-        self.ctl = base.Dup()
-        self.service_comm = base.Dup()
+        self.world = comm.Dup()
+        self.ctl = comm.Dup()
+        self.service_comm = comm.Dup()
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
         self.local = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -56,14 +49,12 @@ class Runtime:
         self.cross_size = self.cross.Get_size()
         self.homogeneous = len(set(self.world.allgather(self.local_size))) == 1
         self.world_group: Group = tuple(range(self.size))
-        self.nccl = NcclCache()
-        self.cache = CommunicatorCache(self.world, config.cache_capacity,
-                                       on_free=self.nccl.drop)
-        self.buffers = FusionBuffers()
-        self.engine = Engine(self, lambda comm, group, active, requests: reduce_requests(
-            self, comm, group, active, requests), {"allreduce": participate_with_identity,
-                                                   "allgather": allgather_as_joined,
-                                                   "broadcast": broadcast_as_joined})
+        # Attached by the composition root: the group communicator cache, the NCCL
+        # communicators, the fusion buffers and the engine that runs the collectives.
+        self.cache: Optional[CommunicatorCache] = None
+        self.nccl = None
+        self.buffers = None
+        self.engine = None
         self.timeline = make_timeline(config.timeline, self.rank)
         self._closers: List[Callable[[], None]] = []
         # Called by join() before the ranks meet: decentralized and PS optimizers finish
@@ -111,12 +102,17 @@ class Runtime:
                        self._timeline_generation)
 
     def close(self) -> None:
-        self.engine.close()
+        """Stop the engine, run the ``at_shutdown`` closers, write the timeline, release
+        the communicators."""
+        if self.engine is not None:
+            self.engine.close()
         while self._closers:
             self._closers.pop()()
         self.stop_timeline()
-        self.nccl.close()
-        self.cache.close()
+        if self.nccl is not None:
+            self.nccl.close()
+        if self.cache is not None:
+            self.cache.close()
         for comm in (self.cross, self.local, self.service_comm, self.ctl, self.world):
             comm.Free()
 
@@ -133,15 +129,15 @@ def is_initialized() -> bool:
     return _current is not None
 
 
-def init(comm: Optional[MPI.Comm] = None, config: Optional[Config] = None, **settings) -> Runtime:
-    """Create the runtime (idempotent: a second call returns the existing one)."""
+def install(runtime: Runtime) -> Runtime:
+    """Make ``runtime`` the one ``current()`` returns, closed by ``shutdown()`` (at the latest
+    at interpreter exit). Called once by ``ripples.startup.init``."""
     global _current
-    if _current is None:
-        if comm is not None and not isinstance(comm, MPI.Comm):
-            raise TypeError(f"init(comm=...) takes an mpi4py communicator, got {type(comm).__name__}")
-        _current = Runtime(comm, config or Config.load(**settings))
-        atexit.register(shutdown)  # runs before mpi4py finalizes MPI (registered earlier)
-    return _current
+    if _current is not None:
+        raise RuntimeError("ripples is already initialized")
+    _current = runtime
+    atexit.register(shutdown)  # runs before mpi4py finalizes MPI (registered earlier)
+    return runtime
 
 
 def shutdown() -> None:

@@ -11,6 +11,7 @@ from typing import Optional
 from mpi4py import MPI
 
 from ripples import runtime as _runtime
+from ripples import startup as _startup
 from ripples.config import Config
 from ripples.errors import MismatchError, NotInitializedError, RipplesError, RipplesTimeoutError
 from ripples.ops.collectives import (allgather_async, alltoall_async, broadcast_async,
@@ -51,7 +52,7 @@ def init(comm: Optional[MPI.Comm] = None, process_sets=None, **settings) -> None
     ``Config`` fields (and ``RIPPLES_*``).
     """
     sets = _check_process_sets(process_sets)
-    _runtime.init(comm, **settings)
+    _startup.init(comm, **settings)
     for index, process_set in enumerate(sets):
         try:
             add_process_set(process_set)

@@ -1,0 +1,65 @@
+"""Starting ripples on one rank: the composition root above ``runtime``, ``ops`` and ``ps``.
+
+``runtime`` holds the state and the communicator facts; the collectives (``ops``) and the
+parameter servers (``ps``) use it. This module puts them together: it starts PS mode when
+configured, builds the ``Runtime`` on the worker communicator and attaches the engine, the
+fusion buffers and the communicator caches.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from mpi4py import MPI
+
+from ripples import runtime as _runtime
+from ripples.comm.groups import CommunicatorCache
+from ripples.config import Config
+from ripples.ops.collectives import allgather_as_joined, broadcast_as_joined
+from ripples.ops.engine import Engine
+from ripples.ops.fusion import FusionBuffers
+from ripples.ops.gpu import NcclCache
+from ripples.ops.reduction import participate_with_identity, reduce_requests
+
+
+def init(comm: Optional[MPI.Comm] = None, config: Optional[Config] = None,
+         **settings) -> _runtime.Runtime:
+    """Create this rank's runtime and make it ``runtime.current()`` (collective over ``comm``,
+    default the MPI world).
+
+    Idempotent: a second call returns the existing runtime. ``config`` (default
+    ``Config.load(**settings)``) with ``ps_servers`` set enters parameter-server mode first:
+    server ranks serve and exit inside this call, workers continue on the workers'
+    communicator.
+    """
+    if _runtime.is_initialized():
+        return _runtime.current()
+    if comm is not None and not isinstance(comm, MPI.Comm):
+        raise TypeError(f"init(comm=...) takes an mpi4py communicator, got {type(comm).__name__}")
+    config = config or Config.load(**settings)
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    base = MPI.COMM_WORLD if comm is None else comm
+    ps_context = None
+    if config.ps_servers:
+        from ripples import ps
+        ps_context = ps.start(base, config)  # server ranks serve and exit inside
+        base = ps_context.worker_comm
+    runtime = _runtime.Runtime(base, config, ps=ps_context)
+    attach_engine(runtime)
+    return _runtime.install(runtime)
+
+
+def attach_engine(runtime: _runtime.Runtime) -> None:
+    """Give ``runtime`` what its collectives run on: the NCCL communicator cache, the group
+    communicator cache (which drops a group's NCCL communicator with its MPI one), the
+    fusion buffers and the engine."""
+    runtime.nccl = NcclCache()
+    runtime.cache = CommunicatorCache(runtime.world, runtime.config.cache_capacity,
+                                      on_free=runtime.nccl.drop)
+    runtime.buffers = FusionBuffers()
+    runtime.engine = Engine(
+        runtime,
+        lambda comm, group, active, requests: reduce_requests(runtime, comm, group, active,
+                                                              requests),
+        {"allreduce": participate_with_identity, "allgather": allgather_as_joined,
+         "broadcast": broadcast_as_joined})

@@ -1,0 +1,25 @@
+"""The lower layers import nothing from the layers above them."""
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "ripples"
+UPPER = ("ripples.ops", "ripples.ps", "ripples.torch", "ripples.startup")
+
+
+def imported_modules(path: Path):
+    """Every module ``path`` imports, at module level or inside functions."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+@pytest.mark.parametrize("path", [PACKAGE / "runtime.py", *sorted((PACKAGE / "comm").glob("*.py"))],
+                         ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_runtime_and_comm_do_not_import_the_layers_above(path):
+    upward = [m for m in imported_modules(path) if m.startswith(UPPER)]
+    assert not upward, f"{path.name} imports {upward}"
