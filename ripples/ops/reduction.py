@@ -16,6 +16,7 @@ from ripples import kernels
 from ripples.comm.groups import Group
 from ripples.comm.mpi import as_buffer, mpi_op, reduction_dtype
 from ripples.ops.gpu import reduce_on_gpu
+from ripples.ops.half_allreduce import HALF_DTYPES, allreduce_16bit_
 from ripples.reduce_ops import ReduceOp
 
 Pair = Tuple[torch.Tensor, torch.Tensor]  # (input, output); the same tensor for in-place
@@ -34,11 +35,23 @@ def _signature(what: str, op: ReduceOp, dtype: torch.dtype, shapes: tuple) -> st
     return text
 
 
+def wire_dtype(op: ReduceOp, tensor: torch.Tensor) -> torch.dtype:
+    """The dtype an all-reduce of ``tensor`` sends: host float16/bfloat16 sums (Sum,
+    Average) stay 16-bit (``half_allreduce``); other 16-bit reductions run in float32."""
+    if tensor.dtype in HALF_DTYPES and not tensor.is_cuda and op in _16BIT_OPS:
+        return tensor.dtype
+    return reduction_dtype(tensor.dtype)
+
+
+_16BIT_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
+
+
 def allreduce_wire(what: str, op: ReduceOp, tensor: torch.Tensor, prescale: float,
                    postscale: float) -> str:
     """The wire text of an all-reduce request: its fusion key, then what a joined rank needs
-    to take part (MPI op, reduction dtype, element count) and its size for chunking."""
-    red_dtype = reduction_dtype(tensor.dtype)
+    to take part (MPI op, the dtype sent, element count) and its size for chunking. A
+    16-bit dtype sent means the 16-bit sum (``allreduce_16bit_``) instead of MPI's."""
+    red_dtype = wire_dtype(op, tensor)
     name = next(n for n, o in _OP_NAMES.items() if o == mpi_op(op, tensor.dtype))
     key = f"{what}:{str(tensor.dtype)[6:]}:{op}:{prescale!r}:{postscale!r}:{tensor.device.type}"
     return (f"allreduce|{key}|{name}|{str(red_dtype)[6:]}|{tensor.numel()}|"
@@ -53,8 +66,10 @@ def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair]
     Average divides by ``active``, the members contributing (all of them unless some have
     joined). A single contiguous tensor of a dtype MPI reduces natively goes to MPI without
     a copy; anything else is packed into one fusion buffer (prescale folded into the pack,
-    postscale into the unpack). Integer tensors are scaled as Horovod does: the product in
-    float64, truncated toward zero.
+    postscale into the unpack). Host float16/bfloat16 Sum and Average are packed into a
+    16-bit buffer and summed by ``allreduce_16bit_`` (2 bytes per element on the wire,
+    float32 accumulation); other 16-bit reductions run in a float32 buffer. Integer tensors
+    are scaled as Horovod does: the product in float64, truncated toward zero.
     """
     dtype = pairs[0][0].dtype
     mpi_operation = mpi_op(op, dtype)
@@ -65,7 +80,10 @@ def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair]
     if not (dtype.is_floating_point or dtype is torch.bool):
         _reduce_integers(runtime, comm, len(group), pairs, mpi_operation, prescale, post)
         return
-    red_dtype = reduction_dtype(dtype)
+    red_dtype = wire_dtype(op, pairs[0][0])
+    if red_dtype in HALF_DTYPES:
+        _reduce_16bit(runtime, comm, len(group), pairs, prescale, post)
+        return
     if len(pairs) == 1 and prescale == 1.0 and red_dtype == dtype:
         source, target = pairs[0]
         if source.is_contiguous() and target.is_contiguous():
@@ -95,6 +113,24 @@ def _reduce_one(comm, source: torch.Tensor, target: torch.Tensor, operation, gro
         comm.Allreduce(MPI.IN_PLACE, as_buffer(target), op=operation)
     else:
         comm.Allreduce(as_buffer(source), as_buffer(target), op=operation)
+
+
+def _reduce_16bit(runtime, comm, group_size, pairs, prescale, post) -> None:
+    source, target = pairs[0]
+    direct = len(pairs) == 1 and prescale == 1.0 and target.is_contiguous()
+    if direct:  # summed where the result goes: no fusion buffer
+        buffer = target.view(-1)
+        if buffer.data_ptr() != source.data_ptr():
+            buffer.copy_(source.reshape(-1))
+    else:
+        buffer = runtime.buffers.get(source.dtype, sum(p[0].numel() for p in pairs))
+        kernels.pack([p[0] for p in pairs], buffer, scale=prescale)
+    if group_size > 1:
+        allreduce_16bit_(comm, buffer)
+    if direct:
+        kernels.scale_(buffer, post)
+    else:
+        kernels.unpack(buffer, [p[1] for p in pairs], scale=post)
 
 
 def _reduce_integers(runtime, comm, group_size, pairs, operation, prescale, post) -> None:
@@ -138,7 +174,10 @@ def participate_with_identity(comm, wires: Sequence[str]) -> None:
         info = torch.iinfo(dtype)
         fill = info.max if name == "MIN" else info.min
     buffer = torch.full((int(numel),), fill, dtype=dtype)
-    comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=operation)
+    if dtype in HALF_DTYPES:
+        allreduce_16bit_(comm, buffer)
+    else:
+        comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=operation)
 
 
 _OP_NAMES = {"SUM": MPI.SUM, "MIN": MPI.MIN, "MAX": MPI.MAX, "PROD": MPI.PROD}
