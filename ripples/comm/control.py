@@ -1,15 +1,20 @@
 """Negotiation: the control round that decides which named collectives a group runs now.
 
 Every collective has a name (given by the caller, or ``noname.<n>`` counted per group, so
-ranks issuing unnamed collectives in the same order agree). Before data moves, each member
-of a group sends the group's leader (its lowest rank) a record of every collective it has
-pending on that group: name, signature (operation, dtype, shapes, op, scaling) and, for
-collectives a joined rank can take part in, a wire description. The leader answers each
-member with the names pending on *every* active member, in the leader's submission order,
-and the members then run exactly those, in that order. So collectives submitted in
-different orders on different ranks still meet by name, as in Horovod's negotiation.
+ranks issuing unnamed collectives in the same order agree). A round starts with the
+fixed-size exchange of ``ripples.comm.control_tree``: when every member has the same
+collectives pending (the steady state of training) it settles the round in O(log P)
+messages of 128 bytes, and every member runs everything it has pending, in order.
 
-Polled with a deadline, the same round gives:
+Otherwise the members run the full round: each sends the group's leader (its lowest rank)
+a record of every collective it has pending on the group: name, signature (operation,
+dtype, shapes, op, scaling) and, for collectives a joined rank can take part in, a wire
+description. The leader answers each member with the names pending on *every* active
+member, in the leader's submission order, and the members then run exactly those, in that
+order. So collectives submitted in different orders on different ranks still meet by name,
+as in Horovod's negotiation.
+
+Polled with a deadline, the full round gives:
 
 - a timeout: a member that never arrives is named, on every rank that did;
 - mismatch detection: a name whose signatures differ, a member calling on another group,
@@ -20,8 +25,9 @@ Polled with a deadline, the same round gives:
 - Horovod's ``join()``: joined members send an empty record and are told which all-reduces,
   all-gathers and broadcasts to take part in with neutral contributions.
 
-When every record is byte-identical (the steady state: same calls, nobody joined, nothing
-to rebuild) the leader skips all decoding and answers "run everything".
+Records and answers carry the sender's attempt number, as in the tree: the leader keeps
+each member's latest record, drops one its member withdrew (it gave up waiting), and a
+member ignores answers to attempts it gave up, so a timed-out round cannot poison the next.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
+from ripples.comm import control_tree
 from ripples.comm.mpi import Deadline, poll_until
 from ripples.errors import MismatchError, RipplesError, RipplesTimeoutError
 
@@ -47,16 +54,16 @@ class Record:
     blocked: the member's caller is blocked waiting on one of these entries.
     """
 
-    __slots__ = ("group", "need_create", "join_rounds", "blocked", "entries")
+    __slots__ = ("group", "need_create", "join_rounds", "blocked", "entries", "attempt")
 
     def __init__(self, group, need_create: bool, join_rounds: int, blocked: bool,
-                 entries: Sequence[Entry]):
+                 entries: Sequence[Entry], attempt: int = 0):
         self.group, self.need_create, self.join_rounds = tuple(group), need_create, join_rounds
-        self.blocked, self.entries = blocked, tuple(entries)
+        self.blocked, self.entries, self.attempt = blocked, tuple(entries), attempt
 
     def encode(self) -> bytes:
         return pickle.dumps((self.group, self.need_create, self.join_rounds, self.blocked,
-                             self.entries), protocol=pickle.HIGHEST_PROTOCOL)
+                             self.entries, self.attempt), protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def decode(cls, data: bytes) -> "Record":
@@ -91,49 +98,56 @@ def negotiate(ctl: MPI.Comm, record: Record, what: str, timeout_s: float,
     leader) does not arrive in time; per-name failures come back in ``Decision.failed``.
     ``idle``: called while waiting for the members (see ``poll_until``)."""
     group = record.group
-    if ctl.Get_rank() == group[0]:
+    verdict = control_tree.agree(
+        ctl, group, control_tree.digest(record.entries),
+        record.need_create or record.join_rounds >= 0, what, timeout_s, stall_s, idle)
+    if verdict.unanimous:
+        return Decision(active=len(group), run=[e[0] for e in record.entries])
+    record.attempt = control_tree.next_attempt()
+    if ctl.Get_rank() == verdict.leader:
         return _lead(ctl, record, what, timeout_s, stall_s, idle)
-    return _follow(ctl, record, what, timeout_s, stall_s, idle)
+    return _follow(ctl, record, verdict.leader, what, timeout_s, stall_s, idle)
 
 
 def _lead(ctl, mine: Record, what, timeout_s, stall_s, idle) -> Decision:
     group = mine.group
     members = group[1:]
-    raw: Dict[int, bytes] = {}
+    latest: Dict[int, Optional[Record]] = {member: None for member in members}
     status = MPI.Status()
 
     def receive() -> bool:
         for member in members:
-            if member not in raw and ctl.Iprobe(source=member, tag=_TAG_RECORD, status=status):
+            while ctl.Iprobe(source=member, tag=_TAG_RECORD, status=status):
                 buffer = bytearray(status.Get_count(MPI.BYTE))
                 ctl.Recv([buffer, MPI.BYTE], source=member, tag=_TAG_RECORD)
-                raw[member] = bytes(buffer)
-        return len(raw) == len(members)
+                message = pickle.loads(buffer)
+                if message[0] != _WITHDRAW:
+                    latest[member] = Record(*message)
+                elif latest[member] is not None and latest[member].attempt == message[1]:
+                    latest[member] = None
+        return all(record is not None for record in latest.values())
 
     def describe() -> str:
-        missing = [m for m in members if m not in raw]
+        missing = [m for m, record in latest.items() if record is None]
         return (f"{what} on group {group}: rank(s) {missing} have not called it "
                 f"(rank {group[0]} is waiting)")
 
     try:
         poll_until(receive, Deadline(timeout_s, stall_s, describe), idle)
     except RipplesTimeoutError as exc:
-        _send_all(ctl, {m: ("error", "timeout", str(exc)) for m in raw}, timeout_s, stall_s,
-                  group, what)
+        _send_all(ctl, {m: (r.attempt, ("error", "timeout", str(exc)))
+                        for m, r in latest.items() if r is not None},
+                  timeout_s, stall_s, group, what)
         raise
-    encoded = mine.encode()
-    if (not mine.need_create and mine.join_rounds < 0
-            and all(data == encoded for data in raw.values())):
-        _send_all(ctl, {m: _RUN_ALL for m in members}, timeout_s, stall_s, group, what)
-        return Decision(active=len(group), run=[e[0] for e in mine.entries])
     records = {group[0]: mine}
-    records.update({m: Record.decode(data) for m, data in raw.items()})
+    records.update(latest)
     replies = judge(records, what)
-    _send_all(ctl, {m: replies[m] for m in members}, timeout_s, stall_s, group, what)
+    _send_all(ctl, {m: (latest[m].attempt, replies[m]) for m in members}, timeout_s, stall_s,
+              group, what)
     return _decision(replies[group[0]], mine)
 
 
-_RUN_ALL = ("all",)
+_WITHDRAW = "withdraw"  # a member's message that it gave up the attempt it names
 
 
 def judge(records: Dict[int, Record], what: str) -> Dict[int, tuple]:
@@ -201,33 +215,42 @@ def _send_all(ctl, replies: dict, timeout_s, stall_s, group, what) -> None:
     poll_until(lambda: MPI.Request.Testall(requests), deadline)
 
 
-def _follow(ctl, mine: Record, what, timeout_s, stall_s, idle) -> Decision:
+def _follow(ctl, mine: Record, leader: int, what, timeout_s, stall_s, idle) -> Decision:
     group = mine.group
-    leader = group[0]
     send = ctl.Isend(mine.encode(), dest=leader, tag=_TAG_RECORD)
     status = MPI.Status()
+    reply = None
+
+    def answered() -> bool:
+        nonlocal reply
+        while ctl.Iprobe(source=leader, tag=_TAG_REPLY, status=status):
+            buffer = bytearray(status.Get_count(MPI.BYTE))
+            ctl.Recv([buffer, MPI.BYTE], source=leader, tag=_TAG_REPLY)
+            echo, answer = pickle.loads(buffer)
+            if echo == mine.attempt:  # else an answer to an attempt this rank gave up
+                reply = answer
+                return True
+        return False
+
     # The leader answers within its own timeout, naming whoever is missing; a follower
     # gives up later, so that it only ever times out on a leader that is itself absent.
     deadline = Deadline(timeout_s + max(1.0, 0.5 * timeout_s), stall_s, lambda: (
         f"{what} on group {group}: leader rank {leader} has not answered "
         f"(rank {ctl.Get_rank()} is waiting)"))
     try:
-        poll_until(lambda: ctl.Iprobe(source=leader, tag=_TAG_REPLY, status=status), deadline,
-                   idle)
+        poll_until(answered, deadline, idle)
     except RipplesTimeoutError:
-        if not send.Test():
-            send.Cancel()
+        withdraw = ctl.Isend(pickle.dumps((_WITHDRAW, mine.attempt)), dest=leader,
+                             tag=_TAG_RECORD)
+        control_tree.keep_until_sent(send)
+        control_tree.keep_until_sent(withdraw)
         raise
-    buffer = bytearray(status.Get_count(MPI.BYTE))
-    ctl.Recv([buffer, MPI.BYTE], source=leader, tag=_TAG_REPLY)
     send.Wait()
-    return _decision(pickle.loads(buffer), mine)
+    return _decision(reply, mine)
 
 
 def _decision(reply: tuple, mine: Record) -> Decision:
     kind = reply[0]
-    if kind == "all":
-        return Decision(active=len(mine.group), run=[e[0] for e in mine.entries])
     if kind == "alljoined":
         return Decision(last_joined=reply[1])
     if kind == "error":
