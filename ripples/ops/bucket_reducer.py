@@ -11,7 +11,10 @@ communication thread. Every step:
    deadline, that proves every member reached the same step of the same plan and counts
    the members contributing data (joined members contribute zeros);
 3. then it all-reduces each launched bucket in place with MPI's blocking ``Allreduce``
-   (faster here than ``Iallreduce``) and scales it; nothing is packed or unpacked;
+   (faster here than ``Iallreduce``) and scales it; nothing is packed or unpacked. With a
+   16-bit ``wire_dtype`` (``Compression.fp16``/``bf16``) the bucket is cast into a
+   preallocated 16-bit buffer, summed by ``half_allreduce.allreduce_16bit_`` (2 bytes per
+   element on the wire) and cast back, scaled, into the bucket;
 4. ``wait()`` returns when every bucket is done, or raises after the deadline.
 
 No names are negotiated per step: the plan was agreed when the reducer was made, and the
@@ -38,6 +41,8 @@ from ripples import kernels
 from ripples.comm import step_record
 from ripples.comm.mpi import Deadline, as_buffer, mpi_op, poll_until
 from ripples.errors import MismatchError, RipplesTimeoutError
+from ripples.ops.fusion import host_buffer
+from ripples.ops.half_allreduce import HALF_DTYPES, allreduce_16bit_
 from ripples.reduce_ops import ReduceOp
 
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
@@ -53,15 +58,22 @@ class BucketReducer:
     every member has the same plan: raises ``ValueError`` naming a differing rank).
     ``names[i]`` lists what bucket ``i`` holds, for errors and the timeline. ``op`` is Sum or
     Average (Average divides by the members contributing); ``prescale``/``postscale``
-    multiply before and after the sum.
+    multiply before and after the sum. ``wire_dtype`` (None, float16 or bfloat16): the
+    dtype the buckets travel in; a 16-bit one halves the bytes (and the precision) of the
+    sum, which is accumulated in float32 and rounded once to ``wire_dtype``. It is part of
+    the plan, so members with different ones raise the ``ValueError`` too.
     """
 
     def __init__(self, runtime, group: Sequence[int], buffers: Sequence[torch.Tensor],
                  names: Sequence[Sequence[str]], op: ReduceOp = ReduceOp.AVERAGE,
-                 prescale: float = 1.0, postscale: float = 1.0, what: str = "allreduce"):
+                 prescale: float = 1.0, postscale: float = 1.0, what: str = "allreduce",
+                 wire_dtype: Optional[torch.dtype] = None):
         if op not in SUPPORTED_OPS:
             raise ValueError(f"BucketReducer supports {[str(o) for o in SUPPORTED_OPS]}, "
                              f"got {op}")
+        if wire_dtype is not None and wire_dtype not in HALF_DTYPES:
+            raise ValueError(f"wire_dtype must be None, torch.float16 or torch.bfloat16, got "
+                             f"{wire_dtype}")
         self._rt = runtime
         self.group = tuple(group)
         self.buffers = list(buffers)
@@ -69,15 +81,21 @@ class BucketReducer:
         self.what = what
         self._op, self._prescale, self._postscale = op, prescale, postscale
         self._mpi_ops = [mpi_op(op, b.dtype) for b in self.buffers]
+        self.wire_dtype = wire_dtype
+        # One buffer serves every bucket: the thread reduces them one at a time.
+        self._wire = (None if wire_dtype is None else
+                      host_buffer(wire_dtype, max([b.numel() for b in self.buffers], default=0)))
         self.plan = step_record.plan_hash(
-            [(b.numel(), str(b.dtype)) for b in self.buffers] + [str(op), prescale, postscale])
+            [(b.numel(), str(b.dtype)) for b in self.buffers]
+            + [str(op), prescale, postscale, str(wire_dtype)])
         self.comm = _group_comm(runtime, self.group)
         plans = self.comm.allgather(self.plan)
         differing = [self.group[i] for i, p in enumerate(plans) if p != plans[0]]
         if differing:
             raise ValueError(f"{what}: rank(s) {differing} planned different buckets than rank "
-                             f"{self.group[0]} (sizes, dtypes, op or scaling differ); every "
-                             "member must wrap the same model with the same arguments")
+                             f"{self.group[0]} (sizes, dtypes, op, scaling or compression "
+                             "differ); every member must wrap the same model with the same "
+                             "arguments")
         self.epoch = 0
         self._cond = threading.Condition()
         self._queue: deque = deque()
@@ -215,19 +233,26 @@ class BucketReducer:
         buffer = self.buffers[index]
         timeline = self._rt.timeline
         start = timeline.now() if timeline.enabled else 0.0
-        if self._prescale != 1.0:
-            kernels.scale_(buffer, self._prescale)
-        if len(self.group) > 1:
-            self.comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=self._mpi_ops[index])
         post = self._postscale
         if self._op is ReduceOp.AVERAGE:
             post /= self._active
-        kernels.scale_(buffer, post)
+        if self._wire is None:
+            sent = buffer
+            kernels.scale_(buffer, self._prescale)
+            if len(self.group) > 1:
+                self.comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=self._mpi_ops[index])
+            kernels.scale_(buffer, post)
+        else:
+            sent = self._wire[:buffer.numel()]
+            kernels.pack([buffer], sent, scale=self._prescale)
+            if len(self.group) > 1:
+                allreduce_16bit_(self.comm, sent)
+            kernels.unpack(sent, [buffer], scale=post)
         if timeline.enabled:
             timeline.complete(self.what, "communication", start, timeline.now() - start,
                               {"group": list(self.group), "names": self.names[index],
-                               "bytes": buffer.numel() * buffer.element_size(),
-                               "bucket": index})
+                               "bytes": sent.numel() * sent.element_size(),
+                               "wire_dtype": str(sent.dtype)[6:], "bucket": index})
 
     def _describe(self, index: int) -> str:
         if index >= len(self.names):
@@ -254,8 +279,11 @@ class BucketReducer:
             self._join_settled = True
             return False
         for buffer, operation in zip(self.buffers, self._mpi_ops):
-            zeros = self._rt.buffers.get(buffer.dtype, buffer.numel()).zero_()
-            self.comm.Allreduce(MPI.IN_PLACE, as_buffer(zeros), op=operation)
+            if self._wire is None:
+                zeros = self._rt.buffers.get(buffer.dtype, buffer.numel()).zero_()
+                self.comm.Allreduce(MPI.IN_PLACE, as_buffer(zeros), op=operation)
+            else:
+                allreduce_16bit_(self.comm, self._wire[:buffer.numel()].zero_())
         self.epoch = agreement.epoch + 1
         return True
 

@@ -5,7 +5,8 @@ layers' gradients first), into runs of one dtype of at most ``bucket_bytes``.
 ``GradientBuckets`` allocates one flat buffer per run and hands each bucket to a
 ``BucketReducer`` as soon as its last gradient is final, in plan order, so that the
 all-reduce runs while backward continues. The reduced values land in the buffers, which
-*are* the gradients: nothing is packed or unpacked.
+*are* the gradients: nothing is packed or unpacked, except into the 16-bit wire buffer
+when a ``wire_dtype`` is given (``Compression.fp16``/``bf16``).
 
 When backward ends (an autograd callback queued by the step's first final gradient), the
 buckets still open are launched and every bucket is waited for, as DDP does: the code
@@ -21,7 +22,7 @@ its ``grad`` holds, zeros when it is None (Horovod's rule), and then holds the r
 from __future__ import annotations
 
 import weakref
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -63,12 +64,13 @@ def bucketable(param: torch.Tensor) -> bool:
 class GradientBuckets:
     """The buckets of ``named`` (every one ``bucketable``) over ``group``.
 
-    Construction is collective over ``group`` (see ``BucketReducer``). Per step: ``ready(p)``
-    when ``p``'s gradient is final, then ``finish()`` to reduce what is left and wait.
+    Construction is collective over ``group`` (see ``BucketReducer``, which also takes
+    ``wire_dtype``). Per step: ``ready(p)`` when ``p``'s gradient is final, then
+    ``finish()`` to reduce what is left and wait.
     """
 
     def __init__(self, runtime, group, named: Named, bucket_bytes: int, op: ReduceOp,
-                 prescale: float, postscale: float):
+                 prescale: float, postscale: float, wire_dtype: Optional[torch.dtype] = None):
         params = [p for _, p in named]
         self.plan = plan_buckets([p.numel() * p.element_size() for p in params],
                                  [p.dtype for p in params], max(1, bucket_bytes))
@@ -89,7 +91,7 @@ class GradientBuckets:
             self.members.append([params[i] for i in bucket])
         names = [[named[i][0] for i in bucket] for bucket in self.plan]
         self.reducer = BucketReducer(runtime, group, self.buffers, names, op, prescale,
-                                     postscale)
+                                     postscale, wire_dtype=wire_dtype)
         runtime.reducers.add(self.reducer)
         reducer = weakref.ref(self.reducer)
         runtime.at_shutdown(lambda: reducer() is not None and reducer().close())
