@@ -3,16 +3,18 @@
 Two paths, chosen per parameter when the optimizer is made (and again when the set of
 gradients changes, see below):
 
-- **Buckets** (float32/float64 host gradients, op Sum or Average, no compression,
-  ``Config.bucket_bytes > 0``): each ``param.grad`` is a view into a flat bucket
-  (``gradient_buckets``), planned once on every rank alike. A gradient hook marks a
-  parameter final after its last backward pass; a bucket whose parameters are all final is
-  all-reduced at once, in plan order, on a communication thread, while backward goes on.
-  ``step()`` waits only for what is still in flight. No per-step negotiation: one
+- **Buckets** (float32/float64 host gradients, op Sum or Average, compression ``none``,
+  ``fp16`` or ``bf16``, ``Config.bucket_bytes > 0``): each ``param.grad`` is a view into a
+  flat bucket (``gradient_buckets``), planned once on every rank alike. A gradient hook
+  marks a parameter final after its last backward pass; a bucket whose parameters are all
+  final is all-reduced at once, in plan order, on a communication thread, while backward
+  goes on. ``step()`` waits only for what is still in flight. No per-step negotiation: one
   fixed-size record per step checks that every member is at the same step of the plan.
-- **By name** (everything else: 16-bit gradients, compression, Min/Max/Product, sparse
-  gradients): ``synchronize()`` submits one all-reduce per parameter (or fusion group)
-  named after the parameter, negotiated by name.
+  With ``fp16``/``bf16`` a bucket travels in 16 bits: cast into a 16-bit buffer, summed
+  with float32 accumulation at 2 bytes per element on the wire, cast back.
+- **By name** (everything else: 16-bit gradients, user-defined compressors, Min/Max/Product,
+  sparse gradients): ``synchronize()`` submits one all-reduce per parameter (or fusion
+  group) named after the parameter, negotiated by name.
 
 Either way every rank reduces each parameter with the same parameter whichever layers it
 skipped: a parameter without a gradient on a rank contributes zeros there (its ``grad``
@@ -38,6 +40,9 @@ from ripples.torch.gradient_buckets import GradientBuckets, bucketable
 from ripples.torch.optimizer_base import GradientsPendingError, WrappedOptimizer
 
 Named = List[Tuple[str, torch.Tensor]]
+# The compressors buckets implement, each with the dtype a bucket travels in.
+_BUCKET_WIRES = ((Compression.none, None), (Compression.fp16, torch.float16),
+                 (Compression.bf16, torch.bfloat16))
 
 
 def fusion_units(named: Named, groups) -> List[Named]:
@@ -137,7 +142,8 @@ class AllreduceOptimizer(WrappedOptimizer):
         """Split the trainable parameters between buckets and by-name all-reduces.
         Collective over the process set when any parameter is bucketed."""
         rt = self._runtime
-        use_buckets = (rt.config.bucket_bytes > 0 and self._compression is Compression.none
+        wires = [wire for compression, wire in _BUCKET_WIRES if compression is self._compression]
+        use_buckets = (rt.config.bucket_bytes > 0 and bool(wires)
                        and self.op in SUPPORTED_OPS and self._process_set.included())
         bucketed = [(n, p) for n, p in self._trainable
                     if use_buckets and bucketable(p) and p not in self._sparse_seen]
@@ -145,7 +151,7 @@ class AllreduceOptimizer(WrappedOptimizer):
             self._buckets.close()
         self._buckets = (GradientBuckets(rt, self._process_set.group(), bucketed,
                                          rt.config.bucket_bytes, self.op, self._prescale,
-                                         self._postscale) if bucketed else None)
+                                         self._postscale, wires[0]) if bucketed else None)
         in_buckets = {p for _, p in bucketed}
         self._units = fusion_units([(n, p) for n, p in self._trainable if p not in in_buckets],
                                    self._groups)
