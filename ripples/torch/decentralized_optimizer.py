@@ -2,27 +2,36 @@
 parameters over the group the schedule gives.
 
 Optimizer state (momentum) stays local. Gradients are never communicated, so
-``synchronize()`` has nothing to do and ``step()`` is where ranks meet.
+``synchronize()`` has nothing to do and ``step()`` is where ranks meet. The averaged
+tensors live in flat buffers (``flat_parameters``), so a sync reduces one tensor per dtype.
 """
 from __future__ import annotations
 
-from typing import List
+import logging
+from typing import List, Optional, Tuple
 
 import torch
 
 from ripples.ops.partial import grouped_partial_allreduce_
 from ripples.schedule import Schedule, make_schedule
+from ripples.torch.flat_parameters import FlatParameters
 from ripples.torch.optimizer_base import WrappedOptimizer
+
+log = logging.getLogger("ripples")
 
 SCHEDULES = ("static", "random", "generator")
 
 
 def averaged_tensors(named, model) -> List[torch.Tensor]:
     """The tensors decentralized modes average: parameters, then floating buffers of ``model``."""
-    tensors = [p.data for _, p in named]
-    if model is not None:
-        tensors += [b for b in model.buffers() if b.dtype.is_floating_point]
-    return tensors
+    return [p.data for _, p in named] + [b for _, b in floating_buffers(model)]
+
+
+def floating_buffers(model) -> List[Tuple[str, torch.Tensor]]:
+    """``(name, buffer)`` for the floating buffers of ``model`` (none without a model)."""
+    if model is None:
+        return []
+    return [(n, b) for n, b in model.named_buffers() if b.dtype.is_floating_point]
 
 
 def schedule_kind(adpsgd: bool, schedule):
@@ -50,8 +59,30 @@ def make_mode_schedule(rt, kind, group_size: int, division: str) -> Schedule:
                          comm=rt.service_comm, timeout_s=rt.config.timeout_s, policy=division)
 
 
+def _first_replaced(current, recorded) -> Optional[str]:
+    """The name of the first of the ``current`` buffers that is not the object recorded."""
+    for index, (name, tensor) in enumerate(current):
+        if index >= len(recorded) or recorded[index][1] is not tensor:
+            return name
+    return None if len(current) == len(recorded) else recorded[len(current)][0]
+
+
 class DecentralizedOptimizer(WrappedOptimizer):
     """Local step, then every ``sync_every`` steps a P-Reduce over the schedule's group.
+
+    The averaged tensors (the parameters of ``named``, then ``model``'s floating buffers)
+    are moved, at construction, into one flat buffer per dtype and device: each one's
+    ``.data`` becomes a view into its buffer (values unchanged, the same tensor objects),
+    so every sync P-Reduces one contiguous tensor per dtype in place, with no fusion-buffer
+    copies (but for 16-bit floats, which MPI reduces widened to float32). In-place updates
+    (optimizer steps, ``copy_``, ``load_state_dict``) keep the views. A tensor whose
+    ``.data`` or whose model buffer is replaced afterwards (e.g.
+    ``model.to(torch.float64)``) is noticed at the next sync, which lays the buffers out
+    again from the current tensors. Tensors that cannot be moved (sparse, non-contiguous,
+    or sharing memory with other tensors) are averaged where they are, in a P-Reduce of
+    their own. The views share their buffer's storage: ``torch.save`` of one parameter or
+    of a submodule's ``state_dict`` saves the whole buffer unless cloned first. The views
+    stay after the optimizer is gone. ``flat``: the current layout (``FlatParameters``).
 
     ``state_dict()`` saves the local step and synchronization counters, so a run resumed
     from it asks a deterministic schedule (``"static"``, ``"random"``, ``"adpsgd"``) for the
@@ -64,7 +95,9 @@ class DecentralizedOptimizer(WrappedOptimizer):
         super().__init__(optimizer, named)
         self.mode = mode
         self.schedule = schedule
-        self._tensors = averaged_tensors(named, model)
+        self._model = model
+        self._buffers = floating_buffers(model)
+        self.flat = FlatParameters(list(named) + self._buffers)
         self._sync_every = sync_every
         self._syncs = 0
         self._left = False
@@ -88,10 +121,29 @@ class DecentralizedOptimizer(WrappedOptimizer):
         return result
 
     def _run(self, assignments) -> None:
+        if assignments:
+            self._check_layout()
+        flat = self.flat
         with self.metrics.waiting():
             for _, group in assignments:
-                grouped_partial_allreduce_(self._tensors, group)
+                if flat.buffers:
+                    grouped_partial_allreduce_(flat.buffers, group)
+                # A call of their own, so that no flat buffer is fused with (copied into
+                # one fusion buffer alongside) these; detached, as they may require grad.
+                if flat.loose:
+                    grouped_partial_allreduce_([t.detach() for t in flat.loose], group)
                 self.metrics.add_group(len(group))
+
+    def _check_layout(self) -> None:
+        """Lay the buffers out again if a tensor left its place since the last sync (its
+        ``.data`` was replaced, or the model holds a new buffer object)."""
+        buffers = floating_buffers(self._model)
+        moved = self.flat.stale() or _first_replaced(buffers, self._buffers)
+        if moved is not None:
+            log.info("rank %d: %s no longer views its flat buffer; laying the averaged "
+                     "tensors out again", self._runtime.rank, moved)
+            self._buffers = buffers
+            self.flat = FlatParameters(list(self._named) + buffers, previous=self.flat)
 
     def extra_state(self) -> dict:
         state = super().extra_state()

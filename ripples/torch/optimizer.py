@@ -88,7 +88,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     group_size: ranks per group for the random and generator schedules (default 4).
     sync_every: P-Reduce every this many local steps (default 1).
     model: the ``torch.nn.Module``, so that its floating buffers (BatchNorm statistics) are
-        averaged with the parameters in decentralized modes.
+        averaged with the parameters in decentralized modes. Those modes move the averaged
+        tensors into one flat buffer per dtype, each ``.data`` a view into it (see
+        ``DecentralizedOptimizer``).
     options: for ``"ps"``: ``policy``, ``staleness`` and the other options of the
         parameter-server mode; for ``"ripples"`` with the generator: ``policy`` is its Group
         Division policy, ``"ready"`` (default) or ``"all"``.
