@@ -74,7 +74,7 @@ class DecentralizedOptimizer(WrappedOptimizer):
     are moved, at construction, into one flat buffer per dtype and device: each one's
     ``.data`` becomes a view into its buffer (values unchanged, the same tensor objects),
     so every sync P-Reduces one contiguous tensor per dtype in place, with no fusion-buffer
-    copies (but for 16-bit floats, which MPI reduces widened to float32). In-place updates
+    copies (16-bit floats still pass through one for their reduction). In-place updates
     (optimizer steps, ``copy_``, ``load_state_dict``) keep the views. A tensor whose
     ``.data`` or whose model buffer is replaced afterwards (e.g.
     ``model.to(torch.float64)``) is noticed at the next sync, which lays the buffers out
