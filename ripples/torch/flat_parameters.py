@@ -32,6 +32,7 @@ class FlatParameters:
     """
 
     def __init__(self, named: Named, previous: Optional["FlatParameters"] = None):
+        named = list(named)
         tensors = [t for _, t in named]
         in_place = previous.in_place if previous is not None else (lambda tensor: False)
         movable = _movable(tensors, in_place)
