@@ -141,7 +141,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if mode is Sync.ALLREDUCE:
         if process_set.included():
             units = fusion_units(trainable, groups)
-            _check_same_model(trainable, process_set, [[n for n, _ in unit] for unit in units])
+            # Whether buckets are built (a collective) follows from these: agree on them first.
+            _check_same_model(trainable, process_set, [
+                ("fusion groups", [[n for n, _ in unit] for unit in units]),
+                ("compression", getattr(compression, "__name__", repr(compression))),
+                ("op", str(op)), ("bucket_bytes", _runtime.current().config.bucket_bytes)])
         return AllreduceOptimizer(optimizer, trainable, compression, backward_passes_per_step,
                                   op, gradient_predivide_factor, process_set, groups,
                                   sparse_as_dense,
@@ -297,17 +301,17 @@ def _parameter_server(optimizer, owned, options):
     return wrapped
 
 
-def _check_same_model(named, process_set=global_process_set, extra=None) -> None:
-    """Compare parameter names, shapes and dtypes (and ``extra``, e.g. the fusion plan)
-    across the ranks, in one collective."""
+def _check_same_model(named, process_set=global_process_set, extra=()) -> None:
+    """Compare parameter names, shapes and dtypes (and the ``(label, value)`` pairs of
+    ``extra``, e.g. the fusion plan) across the ranks, in one collective."""
     mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in named]
-    if extra is not None:
-        mine.append(("fusion groups", repr(extra)))
+    mine += [(label, repr(value)) for label, value in extra]
     everyone = allgather_object(mine, process_set=process_set)
     for rank, theirs in enumerate(everyone):
         if theirs != everyone[0]:
             diff = next((a, b) for a, b in zip(everyone[0] + [None] * len(theirs),
                                               theirs + [None] * len(everyone[0])) if a != b)
-            raise ValueError(f"rank {rank} wraps a different model than rank 0: first difference "
-                             f"{diff[1]} (rank {rank}) vs {diff[0]} (rank 0). Every rank must "
-                             "build the same model before DistributedOptimizer")
+            raise ValueError(f"rank {rank} wraps a different model, or passes different "
+                             f"arguments, than rank 0: first difference {diff[1]} (rank {rank}) "
+                             f"vs {diff[0]} (rank 0). Every rank must build the same model and "
+                             "call DistributedOptimizer with the same arguments")

@@ -257,13 +257,21 @@ def test_compressed_buckets_train_like_float32(compression, dtype):
     opt.close()
 
 
-def test_ranks_with_different_compression_fail_to_plan():
+class _UserCompressor(hvd.Compression.none):
+    """A compressor of the user's own: its gradients go by name, not through buckets."""
+
+
+@pytest.mark.parametrize("other", [hvd.Compression.bf16, _UserCompressor])
+def test_ranks_with_different_compression_fail_on_every_rank(other):
+    """Rank 0 without compression, the others with ``other``: a clear error on every rank,
+    also when only some ranks would build buckets (their creation is collective)."""
     model = make_model()
-    compression = hvd.Compression.none if R == 0 else hvd.Compression.bf16
-    with pytest.raises(ValueError, match=r"rank\(s\) \[.*\] planned different buckets"):
+    compression = hvd.Compression.none if R == 0 else other
+    with pytest.raises(ValueError, match=r"different arguments.*compression"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                  named_parameters=model.named_parameters(),
                                  compression=compression)
+    hvd.barrier()
 
 
 def test_a_joined_rank_contributes_zeros_to_16bit_buckets():
