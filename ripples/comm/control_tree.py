@@ -28,12 +28,13 @@ they agree to well within half the timeout.
 """
 from __future__ import annotations
 
+import functools
 import itertools
+import struct
 import time
 import zlib
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
-import numpy as np
 from mpi4py import MPI
 
 from ripples.comm.mpi import Deadline, poll_until
@@ -76,7 +77,12 @@ class Verdict(NamedTuple):
 def digest(entries: Sequence) -> int:
     """A 62-bit digest of a member's pending entries (their ``repr`` must be equal on every
     member that has the same collectives pending)."""
-    text = repr(tuple(entries)).encode()
+    return _digest(tuple(entries))
+
+
+@functools.lru_cache(maxsize=256)  # training submits the same few lists every step
+def _digest(entries: tuple) -> int:
+    text = repr(entries).encode()
     return (zlib.crc32(text) << 30) ^ zlib.adler32(text)
 
 
@@ -115,6 +121,35 @@ def tree_height(index: int, size: int) -> int:
     return height
 
 
+def _gather_s(timeout_s: float, height: int) -> float:
+    """How long a node of ``height`` waits for its children: the timeout, and a quarter more
+    per level of inner nodes below, so that an inner child that lacks a member of its own
+    subtree gives up first and names it."""
+    return timeout_s * (1 + 0.25 * max(0, height - 1))
+
+
+class _Place(NamedTuple):
+    """Where a rank sits in a group's tree (computed once per group and rank)."""
+
+    hashed: int
+    parent: Optional[int]   # world rank, None for the root
+    children: tuple         # world ranks
+    depth: int
+    gather_s_factor: float  # of the timeout: how long it waits for its children
+    answer_s_factor: float  # of the timeout, plus the fixed part: how long for the answer
+
+
+@functools.lru_cache(maxsize=1024)
+def _place(group: tuple, rank: int) -> _Place:
+    index = group.index(rank)
+    size = len(group)
+    parent = tree_parent(index)
+    return _Place(group_hash(group), None if parent is None else group[parent],
+                  tuple(group[i] for i in tree_children(index, size)), _depth(index),
+                  _gather_s(1.0, tree_height(index, size)),
+                  _gather_s(1.0, tree_height(0, size)))
+
+
 def agree(ctl: MPI.Comm, group: Sequence[int], entries_digest: int, wants_full_round: bool,
           what: str, timeout_s: float, stall_s: float,
           idle: Optional[Callable[[], bool]] = None) -> Verdict:
@@ -123,167 +158,165 @@ def agree(ctl: MPI.Comm, group: Sequence[int], entries_digest: int, wants_full_r
     arrive within the timeout, on every member that did. ``idle``: see ``poll_until``."""
     group = tuple(group)
     rank = ctl.Get_rank()
-    index = group.index(rank)
-    size = len(group)
+    place = _place(group, rank)
+    hashed = place.hashed
     attempt = next_attempt()
-    hashed = group_hash(group)
     posted = _now_ms()
-    mine = _message(_UP, attempt, hashed, entries_digest,
-                    WANTS_FULL_ROUND if wants_full_round else 0, posted, posted)
-    children = [group[i] for i in tree_children(index, size)]
-    parent = tree_parent(index)
+    mine = (_UP, attempt, hashed, entries_digest,
+            WANTS_FULL_ROUND if wants_full_round else 0, posted, posted)
 
     def describe_missing(missing: List[int], count: int) -> str:
         more = f" and {count - len(missing)} more" if count > len(missing) else ""
         return (f"{what} on group {_short(group)}: rank(s) {missing}{more} have not called "
                 f"it (rank {rank} is waiting)")
 
-    gather_s = _gather_s(timeout_s, tree_height(index, size))
-    combined, delivered, failure = _gather(ctl, children, mine, posted, gather_s, stall_s,
-                                           idle, describe_missing)
+    gather_s = timeout_s * place.gather_s_factor
+    combined, delivered, failure = _gather(ctl, place.children, mine, posted, gather_s,
+                                           stall_s, idle, describe_missing)
     if failure is not None:  # a subtree is incomplete: tell both ways, then raise
         missing, count = failure
-        if parent is not None:
-            _send(ctl, _failure(_FAILED, attempt, hashed, missing, count), group[parent],
+        if place.parent is not None:
+            _send(ctl, _failure(_FAILED, attempt, hashed, missing, count), place.parent,
                   _TAG_UP)
         _send_down(ctl, delivered, _failure(_ERROR, 0, hashed, missing, count))
         raise RipplesTimeoutError(f"{describe_missing(missing, count)}: gave up after "
                                   f"{gather_s:g} s (Config.timeout_s / RIPPLES_TIMEOUT_S)")
-    if parent is None:
+    if place.parent is None:
         decision = _decide(combined, timeout_s, group[0])
     else:
-        _send(ctl, combined, group[parent], _TAG_UP)
+        _send(ctl, combined, place.parent, _TAG_UP)
+        # The root answers within its own timeout, naming whoever is missing; a member gives
+        # up later, so that it only times out on its own when its parent is absent, and
+        # deeper members later still, so that they hear it from the member above first.
+        wait_s = (timeout_s * place.answer_s_factor + max(1.0, 0.5 * timeout_s)
+                  + 0.5 * (place.depth - 1))
         try:
-            decision = _await_decision(ctl, group[parent], attempt, group, what, timeout_s,
-                                       stall_s, idle, _depth(index))
+            decision = _await_decision(ctl, place.parent, attempt, hashed, wait_s, stall_s,
+                                       idle, lambda: (
+                f"{what} on group {_short(group)}: rank {place.parent} (the member this "
+                f"rank reports to) has not answered (rank {rank} is waiting)"))
         except RipplesTimeoutError:  # the members below learn it from here, not on their own
-            _send_down(ctl, delivered, _failure(_ERROR, 0, hashed, [group[parent]], 1))
+            _send_down(ctl, delivered, _failure(_ERROR, 0, hashed, [place.parent], 1))
             raise
-    _send_down(ctl, delivered, decision)
-    if decision[_KIND] == _ERROR:
+    if delivered:
+        _send_down(ctl, delivered, decision)
+    kind = decision[_KIND]
+    if kind == _ERROR:
         missing, count = _missing_of(decision)
         raise RipplesTimeoutError(f"{describe_missing(missing, count)}: the group gave up "
                                   "(Config.timeout_s / RIPPLES_TIMEOUT_S)")
     if decision[_GROUP] != hashed:  # another group's round reached this rank
-        return Verdict(False, int(decision[_ROOT]))
-    return Verdict(decision[_KIND] == _UNANIMOUS, int(decision[_ROOT]))
+        return Verdict(False, decision[_ROOT])
+    return Verdict(kind == _UNANIMOUS, decision[_ROOT])
 
 
 def _gather(ctl, children, mine, posted, gather_s, stall_s, idle, describe_missing):
     """Collect one live record per child. Returns (combined record, {child: its attempt},
     None) or, when a subtree is incomplete, (None, delivered, (missing ranks, count))."""
-    latest: Dict[int, Optional[np.ndarray]] = {child: None for child in children}
-    failures: List[np.ndarray] = []
-    buffer = _message(0, 0, 0, 0, 0, 0, 0)
+    if not children:
+        return mine, {}, None
+    latest: Dict[int, Optional[tuple]] = {child: None for child in children}
+    failures: List[tuple] = []
+    buffer = bytearray(_RECORD.size)
+    waiting = [len(children)]
 
     def receive() -> bool:
         for child in children:
             while ctl.Iprobe(source=child, tag=_TAG_UP):
-                ctl.Recv([buffer, MPI.INT64_T], source=child, tag=_TAG_UP)
-                kind = buffer[_KIND]
+                ctl.Recv([buffer, MPI.BYTE], source=child, tag=_TAG_UP)
+                message = _RECORD.unpack(buffer)
+                kind = message[_KIND]
+                before = latest[child]
                 if kind == _UP:
-                    latest[child] = buffer.copy()
-                elif latest[child] is not None and latest[child][_ATTEMPT] == buffer[_ATTEMPT]:
+                    latest[child] = message
+                elif before is not None and before[_ATTEMPT] == message[_ATTEMPT]:
                     latest[child] = None  # withdrawn, or failed below
-                if kind == _FAILED and buffer[_T_MAX] >= posted:
-                    failures.append(buffer.copy())
-        return bool(failures) or all(m is not None for m in latest.values())
+                waiting[0] += (before is not None) - (latest[child] is not None)
+                if kind == _FAILED and message[_T_MAX] >= posted:
+                    failures.append(message)
+        return bool(failures) or not waiting[0]
 
     def describe() -> str:
-        return describe_missing([c for c, m in latest.items() if m is None][:MAX_NAMED],
-                                sum(m is None for m in latest.values()))
+        absent = [c for c, m in latest.items() if m is None]
+        return describe_missing(absent[:MAX_NAMED], len(absent))
 
     try:
         poll_until(receive, Deadline(gather_s, stall_s, describe), idle)
     except RipplesTimeoutError:
         absent = [c for c, m in latest.items() if m is None]
         failures.append(_failure(_FAILED, 0, 0, absent[:MAX_NAMED], len(absent)))
-    delivered = {c: int(m[_ATTEMPT]) for c, m in latest.items() if m is not None}
+    delivered = {c: m[_ATTEMPT] for c, m in latest.items() if m is not None}
     if failures:
         return None, delivered, _merge_missing(failures)
-    combined = mine.copy()
+    flags, t_min, t_max = mine[_FLAGS], mine[_T_MIN], mine[_T_MAX]
     for record in latest.values():
         if record[_GROUP] != mine[_GROUP]:
-            combined[_FLAGS] |= _FOREIGN
+            flags |= _FOREIGN
         elif record[_DIGEST] != mine[_DIGEST]:
-            combined[_FLAGS] |= _DIFFERENT
-        combined[_FLAGS] |= record[_FLAGS]
-        combined[_T_MIN] = min(combined[_T_MIN], record[_T_MIN])
-        combined[_T_MAX] = max(combined[_T_MAX], record[_T_MAX])
-    return combined, delivered, None
+            flags |= _DIFFERENT
+        flags |= record[_FLAGS]
+        t_min = min(t_min, record[_T_MIN])
+        t_max = max(t_max, record[_T_MAX])
+    return mine[:_FLAGS] + (flags, t_min, t_max), delivered, None
 
 
-def _gather_s(timeout_s: float, height: int) -> float:
-    """How long a node of ``height`` waits for its children: the timeout, and a quarter more
-    per level of inner nodes below, so that an inner child that lacks a member of its own
-    subtree gives up first and names it."""
-    return timeout_s * (1 + 0.25 * max(0, height - 1))
-
-
-def _decide(combined: np.ndarray, timeout_s: float, root: int) -> np.ndarray:
+def _decide(combined: tuple, timeout_s: float, root: int) -> tuple:
     spread_ms = combined[_T_MAX] - combined[_T_MIN]
     unanimous = combined[_FLAGS] == 0 and spread_ms < 500 * timeout_s
-    return _message(_UNANIMOUS if unanimous else _FULL_ROUND, 0, combined[_GROUP], root, 0, 0,
-                    0)
+    return (_UNANIMOUS if unanimous else _FULL_ROUND, 0, combined[_GROUP], root)
 
 
-def _await_decision(ctl, parent, attempt, group, what, timeout_s, stall_s, idle,
-                    depth: int) -> np.ndarray:
-    buffer = _message(0, 0, 0, 0, 0, 0, 0)
-    rank = ctl.Get_rank()
+def _await_decision(ctl, parent, attempt, hashed, wait_s, stall_s, idle, describe) -> tuple:
+    buffer = bytearray(_RECORD.size)
+    request = [ctl.Irecv([buffer, MPI.BYTE], source=parent, tag=_TAG_DOWN)]
+    answer = []
 
     def answered() -> bool:
-        while ctl.Iprobe(source=parent, tag=_TAG_DOWN):
-            ctl.Recv([buffer, MPI.INT64_T], source=parent, tag=_TAG_DOWN)
-            if buffer[_ATTEMPT] == attempt:
+        while request[0].Test():
+            message = _RECORD.unpack(buffer)
+            if message[_ATTEMPT] == attempt:
+                answer.append(message)
                 return True
-        return False  # nothing yet, or only answers to attempts this rank gave up
+            # an answer to an attempt this rank gave up: wait for the next one
+            request[0] = ctl.Irecv([buffer, MPI.BYTE], source=parent, tag=_TAG_DOWN)
+        return False
 
-    # The root answers within its own timeout, naming whoever is missing; a member gives up
-    # later, so that it only times out on its own when its parent is absent, and deeper
-    # members later still, so that they hear it from the member above when that one gives up.
-    wait_s = (_gather_s(timeout_s, tree_height(0, len(group))) + max(1.0, 0.5 * timeout_s)
-              + 0.5 * (depth - 1))
-    deadline = Deadline(wait_s, stall_s, lambda: (
-        f"{what} on group {_short(group)}: rank {parent} (the member this rank reports to) "
-        f"has not answered (rank {rank} is waiting)"))
     try:
-        poll_until(answered, deadline, idle)
+        poll_until(answered, Deadline(wait_s, stall_s, describe), idle)
     except RipplesTimeoutError:
-        _send(ctl, _message(_WITHDRAW, attempt, group_hash(group), 0, 0, _now_ms(), _now_ms()),
-              parent, _TAG_UP)
+        request[0].Cancel()
+        request[0].Wait()
+        now = _now_ms()
+        _send(ctl, (_WITHDRAW, attempt, hashed, 0, 0, now, now), parent, _TAG_UP)
         raise
-    return buffer.copy()
+    return answer[0]
 
 
-def _send_down(ctl, delivered: Dict[int, int], decision: np.ndarray) -> None:
+def _send_down(ctl, delivered: Dict[int, int], decision: tuple) -> None:
     for child, attempt in delivered.items():
-        message = decision.copy()
-        message[_ATTEMPT] = attempt
-        _send(ctl, message, child, _TAG_DOWN)
+        _send(ctl, decision[:_ATTEMPT] + (attempt,) + decision[_ATTEMPT + 1:], child,
+              _TAG_DOWN)
 
 
-def _message(kind, attempt, group, digest_or_root, flags, t_min, t_max) -> np.ndarray:
-    message = np.zeros(FIELDS, dtype=np.int64)
-    message[:7] = (kind, attempt, group, digest_or_root, flags, t_min, t_max)
-    return message
+_RECORD = struct.Struct(f"<{FIELDS}q")  # every message: FIELDS int64, 128 bytes
 
 
-def _failure(kind, attempt, group, missing: Sequence[int], count: int) -> np.ndarray:
+def _message(kind, attempt, group, digest_or_root, flags, t_min, t_max) -> tuple:
+    return (kind, attempt, group, digest_or_root, flags, t_min, t_max)
+
+
+def _failure(kind, attempt, group, missing: Sequence[int], count: int) -> tuple:
     now = _now_ms()
-    message = _message(kind, attempt, group, 0, 0, now, now)
-    message[_N_MISSING] = count
-    named = list(missing)[:MAX_NAMED]
-    message[8:8 + len(named)] = named
-    return message
+    named = tuple(missing)[:MAX_NAMED]
+    return (kind, attempt, group, 0, 0, now, now, count) + named
 
 
-def _missing_of(message: np.ndarray):
-    count = int(message[_N_MISSING])
-    return [int(r) for r in message[8:8 + min(count, MAX_NAMED)]], count
+def _missing_of(message: tuple):
+    count = message[_N_MISSING]
+    return list(message[8:8 + min(count, MAX_NAMED)]), count
 
 
-def _merge_missing(failures: Sequence[np.ndarray]):
+def _merge_missing(failures: Sequence[tuple]):
     missing: List[int] = []
     count = 0
     for failure in failures:
@@ -304,12 +337,18 @@ _outbox: List[MPI.Request] = []
 
 def keep_until_sent(request: MPI.Request) -> None:
     """Let ``request`` (a send) complete in the background."""
-    _outbox[:] = [r for r in _outbox if not r.Test()]
+    if len(_outbox) >= 32:
+        _outbox[:] = [r for r in _outbox if not r.Test()]
     _outbox.append(request)
 
 
-def _send(ctl, message: np.ndarray, dest: int, tag: int) -> None:
-    keep_until_sent(ctl.Isend([message, MPI.INT64_T], dest=dest, tag=tag))
+def _encode(message: tuple) -> bytes:
+    """The bytes on the wire: ``message`` padded with zeros to ``FIELDS`` int64."""
+    return _RECORD.pack(*message, *(0,) * (FIELDS - len(message)))
+
+
+def _send(ctl, message: tuple, dest: int, tag: int) -> None:
+    keep_until_sent(ctl.Isend([_encode(message), MPI.BYTE], dest=dest, tag=tag))
 
 
 def _now_ms() -> int:
