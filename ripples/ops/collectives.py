@@ -154,22 +154,22 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return run_here(lambda: grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                    postscale_factor, process_set))
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    return _with_compression(compression, _check_tensors(tensors), lambda ts: synchronize(
-        grouped_allreduce_async(ts, average, name, op, prescale_factor, postscale_factor,
-                                process_set)))
+    return _with_compression(compression, _check_tensors(tensors), lambda ts: run_here(
+        lambda: grouped_allreduce_async(ts, average, name, op, prescale_factor,
+                                        postscale_factor, process_set)))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """All-reduce ``tensor`` in place over the process set (default op: Average)."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    return run_here(lambda: allreduce_async_(tensor, average, name, op, prescale_factor,
+                                            postscale_factor, process_set))
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
@@ -178,9 +178,9 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
 
     Integer tensors reduce exactly; Average and scaling factors on them are applied as in
     Horovod (product computed in float64, truncated toward zero)."""
-    return _with_compression(compression, [_check_tensor(tensor)], lambda ts: [synchronize(
-        allreduce_async(ts[0], average, name, op, prescale_factor, postscale_factor,
-                        process_set))])[0]
+    return _with_compression(compression, [_check_tensor(tensor)], lambda ts: [run_here(
+        lambda: allreduce_async(ts[0], average, name, op, prescale_factor, postscale_factor,
+                                process_set))])[0]
 
 
 def _with_compression(compression, tensors, run) -> List[torch.Tensor]:
@@ -216,6 +216,16 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=global_proces
     handle = grouped_allgather_async(parts, name=name, process_set=process_set)
     handle.finalize = assemble
     return handle
+
+
+def run_here(start: Callable[[], Handle]):
+    """A blocking collective: ``start()`` submits it, and this thread waits for it and runs
+    its control round itself, so the engine thread is not woken for it (on a busy core a
+    thread wake-up costs more than the round)."""
+    engine = _runtime.current().engine
+    with engine.waited_here():
+        handle = start()
+    return synchronize(handle)
 
 
 def synchronize(handle: Handle):
@@ -284,12 +294,12 @@ def broadcast_async(tensor, root_rank: int, name=None, process_set=global_proces
 
 def broadcast_(tensor, root_rank: int, name=None, process_set=global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` on every member with its value on world rank ``root_rank``."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return run_here(lambda: broadcast_async_(tensor, root_rank, name, process_set))
 
 
 def broadcast(tensor, root_rank: int, name=None, process_set=global_process_set) -> torch.Tensor:
     """Return a new tensor holding ``tensor``'s value on world rank ``root_rank``."""
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    return run_here(lambda: broadcast_async(tensor, root_rank, name, process_set))
 
 
 def _object_collective(what, process_set, name, sig, body):
@@ -298,7 +308,7 @@ def _object_collective(what, process_set, name, sig, body):
     def run(comm, active):
         handle.result = body(comm)
 
-    return synchronize(_submit_runs(what, process_set, name, [sig], [run], [""], handle))
+    return run_here(lambda: _submit_runs(what, process_set, name, [sig], [run], [""], handle))
 
 
 def broadcast_object(obj, root_rank: int = 0, name=None, process_set=global_process_set):
@@ -361,12 +371,12 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> List[torch.Tensor]:
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    return run_here(lambda: grouped_allgather_async(tensors, name, process_set))
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Concatenate every member's ``tensor`` along dimension 0 (which may differ per rank)."""
-    return synchronize(allgather_async(tensor, name, process_set))
+    return run_here(lambda: allgather_async(tensor, name, process_set))
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
@@ -408,7 +418,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """All-to-all (see ``alltoall_async``); returns ``(received, received_splits)``."""
-    return synchronize(alltoall_async(tensor, splits, name, process_set))
+    return run_here(lambda: alltoall_async(tensor, splits, name, process_set))
 
 
 def _reducescatter_run(tensor, op, prescale, postscale, group, me, handle, index):
@@ -477,9 +487,9 @@ def reducescatter_async(tensor, name=None, op=None, process_set=global_process_s
 def grouped_reducescatter(tensors, name=None, compression=None, op=None,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0) -> List[torch.Tensor]:
-    return _with_compression(compression, _check_tensors(tensors), lambda ts: synchronize(
-        grouped_reducescatter_async(ts, name, op, process_set, prescale_factor,
-                                    postscale_factor)))
+    return _with_compression(compression, _check_tensors(tensors), lambda ts: run_here(
+        lambda: grouped_reducescatter_async(ts, name, op, process_set, prescale_factor,
+                                            postscale_factor)))
 
 
 def reducescatter(tensor, name=None, compression=None, op=None, process_set=global_process_set,
@@ -493,8 +503,8 @@ def reducescatter(tensor, name=None, compression=None, op=None, process_set=glob
 def barrier(process_set=global_process_set) -> None:
     """Return once every member has called it (bounded by ``Config.timeout_s``)."""
     handle = Handle("barrier")
-    synchronize(_submit_runs("barrier", process_set, None, ["barrier"],
-                             [lambda comm, active: None], [""], handle))
+    run_here(lambda: _submit_runs("barrier", process_set, None, ["barrier"],
+                                  [lambda comm, active: None], [""], handle))
 
 
 # ---------------------------------------------------------------- joined ranks

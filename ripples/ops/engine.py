@@ -15,6 +15,7 @@ names may come in any order.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -68,6 +69,7 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
         self._closing = False
         self._join_rounds = -1
+        self._here = threading.local()
 
     # ------------------------------------------------------------------ submission
 
@@ -95,11 +97,23 @@ class Engine:
             for request in requests:
                 self._names[(request.group, request.name)] = request
                 self._pending.append(request)
+            if getattr(self._here, "waiting", False):
+                return  # the caller waits at once and runs the round itself
             self._wake.notify()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name="ripples-engine",
                                                 daemon=True)
                 self._thread.start()
+
+    @contextlib.contextmanager
+    def waited_here(self):
+        """Submissions in this block are waited for at once by the submitting thread (a
+        blocking collective): the engine thread is not woken for them."""
+        self._here.waiting = True
+        try:
+            yield
+        finally:
+            self._here.waiting = False
 
     def wait(self, handle: Handle) -> None:
         """Block until ``handle`` is done, running control rounds here when nobody else is."""

@@ -27,13 +27,13 @@ class Handle:
         self.blocking = False  # a caller is waiting on it (tells the engine nothing else comes)
         self._left = parts
         self._lock = threading.Lock()
-        self._event = threading.Event()
-        if parts == 0:
-            self._event.set()
+        # Made by the first wait() that must block: a blocking collective is usually done
+        # by the thread that waits for it, which then never needs one.
+        self._event: Optional[threading.Event] = None
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._left <= 0
 
     def part_done(self, error: Optional[BaseException] = None) -> None:
         """One part finished (with ``error`` if it failed)."""
@@ -41,11 +41,18 @@ class Handle:
             if error is not None and self.error is None:
                 self.error = error
             self._left -= 1
-            if self._left == 0:
+            if self._left == 0 and self._event is not None:
                 self._event.set()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        return self._event.wait(timeout)
+        """Block until done or ``timeout`` seconds passed; returns whether it is done."""
+        with self._lock:
+            if self._left <= 0:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     def __repr__(self) -> str:
         state = "failed" if self.error else ("done" if self.done else "pending")

@@ -12,7 +12,7 @@ import torch
 
 from ripples import runtime as _runtime
 from ripples.comm.groups import normalize_group
-from ripples.ops.collectives import _allreduce_async, _check_tensor, _check_tensors, synchronize
+from ripples.ops.collectives import _allreduce_async, _check_tensor, _check_tensors, run_here
 from ripples.ops.handles import Handle
 from ripples.reduce_ops import ReduceOp, check_op
 
@@ -43,7 +43,7 @@ def grouped_partial_allreduce_async_(tensors: Sequence[torch.Tensor], group: Ite
 def grouped_partial_allreduce_(tensors: Sequence[torch.Tensor], group: Iterable[int],
                                op=ReduceOp.AVERAGE, name=None) -> Sequence[torch.Tensor]:
     """P-Reduce ``tensors`` in place over ``group`` (see ``grouped_partial_allreduce_async_``)."""
-    return synchronize(grouped_partial_allreduce_async_(tensors, group, op, name))
+    return run_here(lambda: grouped_partial_allreduce_async_(tensors, group, op, name))
 
 
 def partial_allreduce_(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.AVERAGE,

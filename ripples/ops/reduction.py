@@ -51,11 +51,16 @@ def allreduce_wire(what: str, op: ReduceOp, tensor: torch.Tensor, prescale: floa
     """The wire text of an all-reduce request: its fusion key, then what a joined rank needs
     to take part (MPI op, the dtype sent, element count) and its size for chunking. A
     16-bit dtype sent means the 16-bit sum (``allreduce_16bit_``) instead of MPI's."""
-    red_dtype = wire_dtype(op, tensor)
-    name = next(n for n, o in _OP_NAMES.items() if o == mpi_op(op, tensor.dtype))
-    key = f"{what}:{str(tensor.dtype)[6:]}:{op}:{prescale!r}:{postscale!r}:{tensor.device.type}"
-    return (f"allreduce|{key}|{name}|{str(red_dtype)[6:]}|{tensor.numel()}|"
-            f"{tensor.numel() * tensor.element_size()}")
+    return _allreduce_wire(what, op, tensor.dtype, tensor.numel(), tensor.element_size(),
+                           tensor.device.type, wire_dtype(op, tensor), prescale, postscale)
+
+
+@functools.lru_cache(maxsize=4096)  # training repeats the same few calls every step
+def _allreduce_wire(what, op, dtype, numel, element_size, device_type, sent_dtype, prescale,
+                    postscale) -> str:
+    name = next(n for n, o in _OP_NAMES.items() if o == mpi_op(op, dtype))
+    key = f"{what}:{str(dtype)[6:]}:{op}:{prescale!r}:{postscale!r}:{device_type}"
+    return (f"allreduce|{key}|{name}|{str(sent_dtype)[6:]}|{numel}|{numel * element_size}")
 
 
 def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair], op: ReduceOp,
