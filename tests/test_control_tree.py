@@ -5,6 +5,12 @@ import pytest
 from ripples.comm import control_tree as tree
 
 
+def _up(*fields):
+    """An up-the-tree record as ``agree`` builds it: kind, attempt, group hash, digest,
+    flags, earliest and latest post time."""
+    return tuple(fields)
+
+
 @pytest.mark.parametrize("size", [1, 2, 16, 17, 18, 257, 4096, 5000])
 def test_every_member_but_the_root_has_exactly_one_parent(size):
     seen = []
@@ -24,12 +30,12 @@ def test_the_tree_is_logarithmic(size, height):
 
 
 def test_a_record_for_4096_ranks_is_as_small_as_for_two():
-    small = tree._message(tree._UP, 1, tree.group_hash(range(2)), tree.digest([("a", "s", "")]),
+    small = _up(tree._UP, 1, tree.group_hash(range(2)), tree.digest([("a", "s", "")]),
                           0, 0, 0)
     big_group = tuple(range(4096))
     entries = [(f"grad.{i}", "allreduce op=Average dtype=float32 shapes=[(1024,)]", "")
                for i in range(300)]
-    big = tree._message(tree._UP, 2, tree.group_hash(big_group), tree.digest(entries), 0, 0, 0)
+    big = _up(tree._UP, 2, tree.group_hash(big_group), tree.digest(entries), 0, 0, 0)
     assert len(tree._encode(small)) == len(tree._encode(big)) == 128
     failure = tree._failure(tree._FAILED, 3, tree.group_hash(big_group), list(range(4000)), 4000)
     assert len(tree._encode(failure)) == 128
@@ -47,7 +53,7 @@ def test_digest_tells_order_and_signature_apart():
 
 
 def _combined(flags=0, t_min=1000, t_max=1000):
-    return tree._message(tree._UP, 1, 7, 99, flags, t_min, t_max)
+    return (tree._UP, 1, 7, 99, flags, t_min, t_max)
 
 
 def test_unanimous_only_without_flags_and_within_half_the_timeout():

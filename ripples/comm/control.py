@@ -65,10 +65,6 @@ class Record:
         return pickle.dumps((self.group, self.need_create, self.join_rounds, self.blocked,
                              self.entries, self.attempt), protocol=pickle.HIGHEST_PROTOCOL)
 
-    @classmethod
-    def decode(cls, data: bytes) -> "Record":
-        return cls(*pickle.loads(data))
-
 
 class Decision:
     """What the leader decided for one member.

@@ -218,7 +218,6 @@ def _gather(ctl, children, mine, posted, gather_s, stall_s, idle, describe_missi
     latest: Dict[int, Optional[tuple]] = {child: None for child in children}
     failures: List[tuple] = []
     buffer = bytearray(_RECORD.size)
-    waiting = [len(children)]
 
     def receive() -> bool:
         for child in children:
@@ -231,10 +230,9 @@ def _gather(ctl, children, mine, posted, gather_s, stall_s, idle, describe_missi
                     latest[child] = message
                 elif before is not None and before[_ATTEMPT] == message[_ATTEMPT]:
                     latest[child] = None  # withdrawn, or failed below
-                waiting[0] += (before is not None) - (latest[child] is not None)
                 if kind == _FAILED and message[_T_MAX] >= posted:
                     failures.append(message)
-        return bool(failures) or not waiting[0]
+        return bool(failures) or None not in latest.values()
 
     def describe() -> str:
         absent = [c for c, m in latest.items() if m is None]
@@ -299,10 +297,6 @@ def _send_down(ctl, delivered: Dict[int, int], decision: tuple) -> None:
 
 
 _RECORD = struct.Struct(f"<{FIELDS}q")  # every message: FIELDS int64, 128 bytes
-
-
-def _message(kind, attempt, group, digest_or_root, flags, t_min, t_max) -> tuple:
-    return (kind, attempt, group, digest_or_root, flags, t_min, t_max)
 
 
 def _failure(kind, attempt, group, missing: Sequence[int], count: int) -> tuple:
