@@ -123,11 +123,17 @@ def format_info(info: Dict[str, str]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the ``ripples`` command; ``ripples`` and ``ripples info`` print the report."""
+    """Entry point of the ``ripples`` command; ``ripples`` and ``ripples info`` print the
+    report, ``ripples sim ...`` runs the simulator (``ripples sim --help``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:
+        from ripples.sim.cli import main as sim_main
+        return sim_main(argv[1:])
     parser = argparse.ArgumentParser(prog="ripples",
                                      description="ripples tools (launch jobs with ripplesrun).")
-    parser.add_argument("command", nargs="?", default="info", choices=["info"],
-                        help="info: versions, MPI library, mpiexec, GPU support (default)")
+    parser.add_argument("command", nargs="?", default="info", choices=["info", "sim"],
+                        help="info: versions, MPI library, mpiexec, GPU support (default); "
+                             "sim: the scale simulator (ripples sim --help)")
     parser.parse_args(argv)
     print(format_info(collect_info()))
     return 0

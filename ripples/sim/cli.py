@@ -1,0 +1,210 @@
+"""``ripples sim``: simulate the schedules at scale and report throughput, time to target,
+fraction of the throughput ceiling and consensus distance per mode and worker count."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..schedule.base import POLICIES
+from . import report
+from .network import ALGORITHMS, Link, Network
+from .runner import sweep
+from .scenario import MODES, TARGET_ON, Scenario
+from .stats import Problem
+from .workers import SPEED_MODELS, Compute, Speed
+
+# Named settings; any flag given on the command line overrides the preset's value.
+PRESETS = {
+    # benchmarks/train.py on this 2-core machine: 8 ranks on one node, 50 ms emulated
+    # compute, the digits MLP (8,970 float32 parameters); shared-memory link from
+    # benchmarks/results/collectives_np4.txt (raw MPI ~5 us small-message latency, ~1.7 GB/s
+    # bus bandwidth) plus ripples' ~230 us added latency per collective.
+    "this-machine": dict(workers_per_node=8, intra_gbps=1.7 * 8, intra_latency_us=5.0,
+                         inter_gbps=1.7 * 8, inter_latency_us=5.0,
+                         collective_overhead_us=230.0, step_ms=50.0, model_mb=0.03588,
+                         workers="8"),
+    # Prague's cluster as the paper describes it: 4 workers per node, 10 GbE between
+    # nodes; intra-node PCIe-class links; ResNet-50 (25.6 M float32 parameters, ~12.3 GFLOP
+    # per sample forward + backward, batch 32) on a GPU sustaining 4 TFLOP/s (~0.1 s/step).
+    "prague": dict(workers_per_node=4, intra_gbps=80.0, intra_latency_us=10.0,
+                   inter_gbps=10.0, inter_latency_us=50.0, collective_overhead_us=0.0,
+                   flops_per_step=12.3e9 * 32, device_tflops=4.0, model_mb=102.4,
+                   workers="64"),
+}
+DEFAULTS = dict(workers_per_node=8, intra_gbps=2400.0, intra_latency_us=5.0, inter_gbps=100.0,
+                inter_latency_us=5.0, collective_overhead_us=0.0, step_ms=100.0,
+                flops_per_step=None, device_tflops=None, model_mb=100.0,
+                workers="64,256,1024,4096")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ripples sim", description=__doc__ + """
+
+Every simulated worker runs a real logistic regression (SGD with momentum) and the real
+schedule code (the Group Generator on the simulator's clock, static/random partitions,
+AD-PSGD pairs). Time to target = simulated seconds until the test loss reaches what
+all-reduce reaches after --target-steps synchronous steps. Example:
+
+  ripples sim --preset prague --speed stragglers --stragglers 4 --slow-factor 5 \\
+      --modes allreduce,static,generator --json out.json --plot out.png""",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("what to run")
+    g.add_argument("--preset", choices=sorted(PRESETS),
+                   help="named network/compute/model settings (flags given override them): "
+                        + "; ".join(f"{k}" for k in PRESETS))
+    g.add_argument("--workers", help="comma-separated worker counts (default 64,256,1024,4096)")
+    g.add_argument("--modes", default="allreduce,static,random,generator,adpsgd",
+                   help=f"comma-separated modes among {', '.join(MODES)}")
+    g.add_argument("--seed", type=int, default=0, help="seed of speeds, data, partitions")
+    g = p.add_argument_group("workers")
+    g.add_argument("--speed", choices=SPEED_MODELS, default="homogeneous",
+                   help="homogeneous; stragglers (the last --stragglers workers --slow-factor "
+                        "times slower); random (each step slow with --slow-probability); "
+                        "lognormal (fixed per-worker factor exp(--sigma * N(0,1)))")
+    g.add_argument("--stragglers", type=int, default=1, help="number of slow workers (stragglers)")
+    g.add_argument("--slow-factor", type=float, default=5.0, help="slowdown factor of a slow step")
+    g.add_argument("--slow-probability", type=float, default=0.1,
+                   help="probability that a step is slow (random)")
+    g.add_argument("--sigma", type=float, default=0.5, help="spread of speeds (lognormal)")
+    g.add_argument("--step-ms", type=float, help="measured compute time of one step (ms); "
+                   "default 100 unless --flops-per-step and --device-tflops are given")
+    g.add_argument("--flops-per-step", type=float, help="FLOPs of one step (forward+backward)")
+    g.add_argument("--device-tflops", type=float, help="sustained TFLOP/s of one device")
+    g = p.add_argument_group("network (alpha-beta, two levels)")
+    g.add_argument("--workers-per-node", type=int, help="workers per node (default 8)")
+    g.add_argument("--intra-gbps", type=float, help="intra-node link, Gb/s (default 2400 = NVLink 300 GB/s)")
+    g.add_argument("--intra-latency-us", type=float, help="intra-node latency per message (default 5)")
+    g.add_argument("--inter-gbps", type=float, help="inter-node link per node, Gb/s (default 100)")
+    g.add_argument("--inter-latency-us", type=float, help="inter-node latency per message (default 5)")
+    g.add_argument("--algorithm", choices=ALGORITHMS, default="ring", help="all-reduce algorithm")
+    g.add_argument("--collective-overhead-us", type=float,
+                   help="fixed software cost of every collective (default 0)")
+    g.add_argument("--model-mb", type=float, help="megabytes averaged per collective (default 100)")
+    g.add_argument("--overlap", type=float, default=0.0,
+                   help="allreduce: fraction of compute the gradient all-reduce overlaps (0-1)")
+    g = p.add_argument_group("schedules")
+    g.add_argument("--group-size", type=int, default=4, help="group size of random and generator")
+    g.add_argument("--policy", choices=POLICIES, default="ready", help="generator division policy")
+    g.add_argument("--batch", type=int, default=1, help="groups per generator request")
+    g.add_argument("--barrier-every", type=int, default=0,
+                   help="static/random/adpsgd: global barrier before every N-th step (0 = never)")
+    g = p.add_argument_group("statistical model and measurement")
+    g.add_argument("--target-steps", type=int, default=300,
+                   help="target loss = what all-reduce reaches after this many steps")
+    g.add_argument("--target-on", choices=TARGET_ON, default="average",
+                   help="judge the target on worker 0's model or the averaged model")
+    g.add_argument("--eval-every", type=int, default=5, help="worker 0's steps between evaluations")
+    g.add_argument("--horizon-s", type=float, default=600.0, help="simulated seconds at most")
+    g.add_argument("--full-horizon", action="store_true",
+                   help="run to --horizon-s even after the target is reached")
+    g.add_argument("--dim", type=int, default=32, help="logistic regression dimension")
+    g.add_argument("--lr", type=float, default=0.01, help="learning rate")
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (local to a worker)")
+    g.add_argument("--local-batch", type=int, default=32, help="samples per step per worker")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", help="write the rows and the assumptions here")
+    g.add_argument("--plot", help="write a PNG here (needs matplotlib)")
+    g.add_argument("--title", help="plot title")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def scenario_from_args(args) -> tuple:
+    """The base :class:`Scenario` and the worker counts the arguments describe."""
+    values = dict(DEFAULTS)
+    if args.preset:
+        values.update(PRESETS[args.preset])
+        if PRESETS[args.preset].get("flops_per_step"):
+            values["step_ms"] = None
+    for key in DEFAULTS:
+        given = getattr(args, key, None)
+        if given is not None:
+            values[key] = given
+    if args.flops_per_step is not None or args.device_tflops is not None:
+        if args.step_ms is None:
+            values["step_ms"] = None
+    if values["step_ms"] is not None:
+        compute = Compute(step_s=values["step_ms"] / 1e3)
+    else:
+        compute = Compute(flops_per_step=values["flops_per_step"],
+                          device_flops=(values["device_tflops"] or 0) * 1e12)
+    network = Network(
+        workers_per_node=values["workers_per_node"],
+        intra=Link(values["intra_latency_us"] * 1e-6, values["intra_gbps"] * 1e9 / 8),
+        inter=Link(values["inter_latency_us"] * 1e-6, values["inter_gbps"] * 1e9 / 8),
+        algorithm=args.algorithm, overhead_s=values["collective_overhead_us"] * 1e-6)
+    speed = Speed(args.speed, count=args.stragglers, factor=args.slow_factor,
+                  probability=args.slow_probability, sigma=args.sigma)
+    problem = Problem(dim=args.dim, lr=args.lr, momentum=args.momentum, batch=args.local_batch,
+                      margin=10.0, seed=args.seed)
+    workers = [int(w) for w in str(values["workers"]).split(",") if w]
+    base = Scenario("allreduce", workers[0], compute, speed, network,
+                    values["model_mb"] * 1e6, problem, group_size=min(args.group_size, workers[0]),
+                    policy=args.policy, batch=args.batch, seed=args.seed,
+                    horizon_s=args.horizon_s, stop_at_target=not args.full_horizon,
+                    target_on=args.target_on, eval_every=args.eval_every,
+                    barrier_every=args.barrier_every, overlap=args.overlap)
+    return base, workers
+
+
+def _progress(quiet: bool, horizon: float):
+    if quiet:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+
+    def make(label):
+        bar = tqdm(total=horizon, desc=label, unit="sim s", leave=False, file=sys.stderr,
+                   bar_format="{desc}: {bar} {n:.1f} sim s [{elapsed}]")
+
+        def update(now):
+            bar.update(now - bar.n)
+        return update
+    return make
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        parser.error(f"--modes: unknown {bad}; valid: {', '.join(MODES)}")
+    try:
+        base, workers = scenario_from_args(args)
+    except ValueError as err:
+        parser.error(str(err))
+    net, compute = base.network, base.compute
+    print(f"ripples sim: {args.speed} speeds, compute {compute.seconds * 1e3:.1f} ms/step, "
+          f"{net.workers_per_node} workers/node, intra {net.intra.bandwidth_Bps * 8 / 1e9:g} Gb/s, "
+          f"inter {net.inter.bandwidth_Bps * 8 / 1e9:g} Gb/s ({net.algorithm}), model "
+          f"{base.model_bytes / 1e6:g} MB, target = all-reduce loss after {args.target_steps} steps",
+          flush=True)
+    began = time.perf_counter()
+    results = sweep(base, modes, workers, args.target_steps, _progress(args.quiet, args.horizon_s))
+    print(report.table(results))
+    print(f"({time.perf_counter() - began:.1f} s of simulation)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({
+            "command": "ripples sim " + " ".join(argv if argv is not None else sys.argv[2:]),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "target_steps": args.target_steps,
+            "assumptions": report.scenario_description(results[0]),
+            "rows": report.rows(results)}, indent=1, default=str))
+    if args.plot:
+        why = report.plot(results, args.plot, args.title or f"ripples sim: {args.speed} speeds")
+        if why:
+            print(why, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

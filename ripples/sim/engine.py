@@ -1,0 +1,258 @@
+"""The discrete-event engine: simulated workers computing, meeting in groups, averaging.
+
+Each worker loops: compute a step (compute model x speed model), then execute the groups
+of that step in order (per-step schedules: all its groups of the step; generator: the
+next group it holds, asking the generator over the network when it holds none). A group
+starts when its last member arrives and lasts the network's cost of its collective; its
+averaging is applied to the members' real parameter vectors (:mod:`.stats`) when it
+ends. Time is the simulator's: the Group Generator reads it as its clock.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import itertools
+import time
+from typing import Callable, Dict, List, Optional
+
+from ..schedule.base import Assignment
+from .scenario import Scenario
+from .sources import PerStep, make_generator
+from .stats import Workers
+
+REQUEST_BYTES = 64  # a pickled (op, rank, id) request or a small answer
+
+
+class DeadlockError(RuntimeError):
+    """No event can happen while the run is not over."""
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What one simulated run measured.
+
+    curve: ``(time, loss of the averaged model, loss of worker 0, consensus distance)``
+        at every evaluation.
+    """
+    scenario: Scenario
+    sim_s: float
+    steps: List[int]
+    ceiling_steps_per_s: float
+    time_to_target_s: Optional[float]
+    curve: List[tuple]
+    groups: int
+    mean_group_size: float
+    events: int
+    wall_s: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return sum(self.steps) / self.sim_s if self.sim_s > 0 else 0.0
+
+    @property
+    def fraction_of_ceiling(self) -> float:
+        return self.steps_per_s / self.ceiling_steps_per_s
+
+    @property
+    def consensus_distance(self) -> float:
+        return self.curve[-1][3] if self.curve else 0.0
+
+    @property
+    def final_loss(self) -> float:
+        return self.curve[-1][1] if self.curve else float("nan")
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def simulate(scenario: Scenario, progress: Optional[Callable[[float], None]] = None) -> RunResult:
+    """Run ``scenario`` and return its measurements. ``progress(now)`` is called now and
+    then with the simulated time (for a progress bar)."""
+    return _Run(scenario, progress).run()
+
+
+class _Run:
+    def __init__(self, scenario: Scenario, progress):
+        s = self.s = scenario
+        n = s.workers
+        self.progress = progress
+        self.clock = _Clock()
+        self.speed = s.speed.sampler(n, s.seed)
+        self.step_s = s.compute.seconds
+        self.stats = Workers(s.problem, n, seed=s.seed)
+        self.gradient_mode = s.mode == "allreduce"
+        self.generator = make_generator(s, self.clock) if s.mode == "generator" else None
+        self.per_step = None if self.generator else PerStep(s)
+        self.barrier = s.barrier_every if s.mode in ("static", "random", "adpsgd") else 0
+        self.events: list = []
+        self.order = itertools.count()
+        self.steps = [0] * n
+        self.todo = [collections.deque() for _ in range(n)]
+        self.held = [collections.deque() for _ in range(n)]  # generator groups not yet due
+        self.last_compute = [0.0] * n
+        self.arrived: Dict[int, int] = collections.defaultdict(int)
+        self.at_barrier: Dict[int, int] = collections.defaultdict(int)
+        self.node_flows = collections.Counter()  # multi-node collectives in flight per node
+        self.wake_at = None
+        self.curve: List[tuple] = []
+        self.ttt: Optional[float] = None
+        self.groups = 0
+        self.group_members = 0
+        self.count = 0
+
+    # -- the loop ------------------------------------------------------------------
+    def push(self, at: float, kind: str, *args) -> None:
+        heapq.heappush(self.events, (at, next(self.order), kind, args))
+
+    def run(self) -> RunResult:
+        began = time.perf_counter()
+        s = self.s
+        for w in range(s.workers):
+            self.begin_step(w)
+        handlers = {"computed": self.computed, "averaged": self.averaged,
+                    "barrier": self.barrier_done, "request": self.request_arrives,
+                    "answer": self.answer_arrives, "wake": self.wake}
+        end = s.horizon_s
+        while self.events:
+            at = self.events[0][0]
+            if at > end or (s.stop_at_target and self.ttt is not None):
+                break
+            _, _, kind, args = heapq.heappop(self.events)
+            self.clock.now = at
+            handlers[kind](*args)
+            self.count += 1
+            if self.progress is not None and self.count % 20000 == 0:
+                self.progress(at)
+        else:
+            raise DeadlockError(f"no event can happen at t={self.clock.now:.3f}s "
+                                f"(mode {s.mode}, {s.workers} workers)")
+        sim_s = self.ttt if s.stop_at_target and self.ttt is not None else end
+        self.clock.now = sim_s
+        self.evaluate()
+        return RunResult(s, sim_s, list(self.steps), s.ceiling_steps_per_s(), self.ttt,
+                         self.curve, self.groups,
+                         self.group_members / self.groups if self.groups else 0.0,
+                         self.count, time.perf_counter() - began)
+
+    # -- workers -------------------------------------------------------------------
+    def begin_step(self, w: int) -> None:
+        step = self.steps[w]
+        if w == 0 and step % self.s.eval_every == 0:
+            self.evaluate()
+        if self.barrier and step and step % self.barrier == 0:
+            self.at_barrier[step] += 1
+            if self.at_barrier[step] == self.s.workers:
+                del self.at_barrier[step]
+                cost = self.s.network.allreduce_s(8, self.s.workers,
+                                                  len(self.s.network.nodes(range(self.s.workers))))
+                self.push(self.clock.now + cost, "barrier", step)
+            return
+        self.start_compute(w)
+
+    def start_compute(self, w: int) -> None:
+        t = self.step_s * self.speed.factor(w)
+        self.last_compute[w] = t
+        self.push(self.clock.now + t, "computed", w)
+
+    def barrier_done(self, step: int) -> None:
+        for w in range(self.s.workers):
+            self.start_compute(w)
+
+    def computed(self, w: int) -> None:
+        self.steps[w] += 1
+        self.stats.step_done(w)
+        if self.generator is None:
+            self.todo[w].extend(self.per_step.groups(w, self.steps[w] - 1))
+            self.proceed(w)
+        elif self.held[w]:
+            self.todo[w].append(self.held[w].popleft())
+            self.proceed(w)
+        else:
+            delay = self.s.network.message_s(REQUEST_BYTES, w, 0)
+            if delay > 0:
+                self.push(self.clock.now + delay, "request", w)
+            else:
+                self.request_arrives(w)
+
+    def proceed(self, w: int) -> None:
+        """Arrive at the next group of this step, or start the next step."""
+        if not self.todo[w]:
+            self.begin_step(w)
+            return
+        seq, group = self.todo[w][0]
+        self.arrived[seq] += 1
+        if self.arrived[seq] == len(group):
+            del self.arrived[seq]
+            self.start_group(seq, group, w)
+
+    def start_group(self, seq: int, group: tuple, last: int) -> None:
+        net = self.s.network
+        nodes = net.nodes(group) if len(group) > 1 else ()
+        sharing = 1
+        if len(nodes) > 1:
+            sharing = 1 + max(self.node_flows[node] for node in nodes)
+            for node in nodes:
+                self.node_flows[node] += 1
+        cost = net.allreduce_s(self.s.model_bytes, len(group), len(nodes), sharing)
+        if self.gradient_mode and self.s.overlap:
+            cost = max(cost - self.s.overlap * self.last_compute[last], 0.0)
+        self.push(self.clock.now + cost, "averaged", seq, group, nodes if len(nodes) > 1 else ())
+
+    def averaged(self, seq: int, group: tuple, nodes) -> None:
+        for node in nodes:
+            self.node_flows[node] -= 1
+        if self.gradient_mode:
+            self.stats.average_gradients(group)
+        else:
+            self.stats.average_parameters(group)
+        self.groups += 1
+        self.group_members += len(group)
+        for w in group:
+            self.todo[w].popleft()
+            self.proceed(w)
+
+    # -- the generator -------------------------------------------------------------
+    def request_arrives(self, w: int) -> None:
+        self.generator.request(w)
+        self.serve()
+
+    def serve(self) -> None:
+        for w, pairs in self.generator.poll().items():
+            delay = self.s.network.message_s(REQUEST_BYTES, 0, w)
+            if delay > 0:
+                self.push(self.clock.now + delay, "answer", w, pairs)
+            else:
+                self.answer_arrives(w, pairs)
+        deadline = self.generator.next_deadline()
+        if deadline is not None and deadline != self.wake_at:
+            self.wake_at = deadline
+            self.push(max(deadline, self.clock.now), "wake")
+
+    def wake(self) -> None:
+        self.wake_at = None
+        self.serve()
+
+    def answer_arrives(self, w: int, pairs: List[Assignment]) -> None:
+        self.held[w].extend(pairs)
+        self.todo[w].append(self.held[w].popleft())
+        self.proceed(w)
+
+    # -- measurement ---------------------------------------------------------------
+    def evaluate(self) -> None:
+        if not self.gradient_mode:
+            self.stats.flush()
+        average = self.stats.loss()
+        worker0 = self.stats.loss(0)
+        now = self.clock.now
+        if self.curve and self.curve[-1][0] == now:
+            return
+        self.curve.append((now, average, worker0, self.stats.consensus_distance()))
+        judged = worker0 if self.s.target_on == "worker0" else average
+        if self.ttt is None and self.s.target_loss is not None and judged <= self.s.target_loss:
+            self.ttt = now

@@ -1,0 +1,86 @@
+"""Alpha-beta cost of the collectives a schedule runs, on a two-level topology.
+
+Workers are placed ``workers_per_node`` per node, in rank order. A message of ``b`` bytes
+over a link costs ``latency + b / bandwidth``. A collective among ``g`` members spanning
+``k`` nodes uses the intra-node link if ``k == 1`` and otherwise is bound by the
+inter-node link (a ring or tree ordered by node crosses each node boundary once per
+direction, so every step of it waits for one inter-node transfer):
+
+* ring all-reduce: ``2 (g - 1)`` steps of ``b / g`` bytes (reduce-scatter + all-gather);
+* tree all-reduce: ``2 ceil(log2 g)`` latencies plus ``2 b / bandwidth`` (reduce then
+  broadcast, pipelined in chunks so the bytes cross each link about twice);
+* a P-Reduce of a group is the same all-reduce over the group's members;
+* every collective also pays ``overhead_s`` once (the software cost of launching it,
+  measured for ripples by ``benchmarks/collectives.py``).
+
+Contention, kept simple: every node has one inter-node link (NIC). A collective that spans
+several nodes shares the NIC of each of them with the other multi-node collectives in
+flight there when it starts; its inter-node bandwidth is divided by the largest such count
+(``sharing``). The share is fixed when the collective starts and not revised when others
+start or end; intra-node links are not shared.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+ALGORITHMS = ("ring", "tree")
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One link: ``latency_s`` per message, ``bandwidth_Bps`` bytes per second."""
+    latency_s: float
+    bandwidth_Bps: float
+
+    def __post_init__(self):
+        if not self.latency_s >= 0 or not self.bandwidth_Bps > 0:
+            raise ValueError(f"a link needs latency_s >= 0 and bandwidth_Bps > 0, got {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """Topology and links; see the module docstring for the cost model."""
+    workers_per_node: int = 1
+    intra: Link = Link(5e-6, 300e9)  # NVLink-class
+    inter: Link = Link(5e-6, 12.5e9)  # 100 Gb/s
+    algorithm: str = "ring"
+    overhead_s: float = 0.0
+
+    def __post_init__(self):
+        if self.workers_per_node < 1:
+            raise ValueError(f"workers_per_node must be >= 1, got {self.workers_per_node!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if not self.overhead_s >= 0:
+            raise ValueError(f"overhead_s must be >= 0, got {self.overhead_s!r}")
+
+    def node(self, worker: int) -> int:
+        return worker // self.workers_per_node
+
+    def nodes(self, members: Sequence[int]) -> set:
+        """The nodes a group of workers spans."""
+        if self.workers_per_node == 1:
+            return set(members)
+        return {w // self.workers_per_node for w in members}
+
+    def allreduce_s(self, nbytes: float, members: int, nodes: int, sharing: int = 1) -> float:
+        """Seconds of an all-reduce of ``nbytes`` among ``members`` workers on ``nodes``
+        nodes whose inter-node links are each shared by ``sharing`` collectives."""
+        if members <= 1:
+            return 0.0
+        link = self.intra if nodes <= 1 else self.inter
+        bandwidth = link.bandwidth_Bps / (1 if nodes <= 1 else max(sharing, 1))
+        if self.algorithm == "ring":
+            steps = 2 * (members - 1)
+            cost = steps * (link.latency_s + nbytes / members / bandwidth)
+        else:
+            cost = 2 * math.ceil(math.log2(members)) * link.latency_s + 2 * nbytes / bandwidth
+        return self.overhead_s + cost
+
+    def message_s(self, nbytes: float, a: int, b: int) -> float:
+        """One point-to-point message between workers ``a`` and ``b`` (e.g. to the
+        Group Generator on worker 0)."""
+        link = self.intra if self.node(a) == self.node(b) else self.inter
+        return link.latency_s + nbytes / link.bandwidth_Bps

@@ -1,0 +1,79 @@
+"""One simulated job: workers, their speeds and compute, the network, the problem, the
+mode, and how it is measured. Validated at construction; the engine reads nothing else."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from ..schedule.base import POLICIES
+from .network import Network
+from .stats import Problem
+from .workers import Compute, Speed
+
+MODES = ("allreduce", "static", "random", "generator", "adpsgd")
+TARGET_ON = ("worker0", "average")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """A simulated training job.
+
+    mode: ``"allreduce"`` (gradients averaged over all workers every step), ``"static"``
+        (Prague's schedule with ``network.workers_per_node`` per node), ``"random"``
+        (random partition per step from a shared seed), ``"generator"`` (the Group
+        Generator), ``"adpsgd"`` (AD-PSGD's pairs, run in lock-step as today's schedule).
+    group_size, policy, batch: of the random partition and the generator (``batch`` =
+        groups per generator request).
+    model_bytes: bytes every collective averages (parameters or gradients).
+    horizon_s: simulated seconds; the run ends there, or at the target when
+        ``stop_at_target``.
+    target_loss: test loss to reach; ``target_on`` says whose: worker 0's model
+        (as ``benchmarks/train.py`` measures rank 0) or the average of all models.
+    eval_every: worker 0's steps between evaluations.
+    barrier_every: static/random/adpsgd only: all workers meet in a small all-reduce before
+        every ``barrier_every``-th step (``benchmarks/train.py`` does this to stop those
+        modes together); 0 = never.
+    overlap: allreduce only: fraction of a step's compute during which the gradient
+        all-reduce can already run (backward overlap); 0 = none.
+    """
+    mode: str
+    workers: int
+    compute: Compute
+    speed: Speed = Speed()
+    network: Network = Network()
+    model_bytes: float = 4e6
+    problem: Problem = Problem()
+    group_size: int = 4
+    policy: str = "ready"
+    batch: int = 1
+    seed: int = 0
+    horizon_s: float = 60.0
+    stop_at_target: bool = False
+    target_loss: Optional[float] = None
+    target_on: str = "worker0"
+    eval_every: int = 5
+    barrier_every: int = 0
+    overlap: float = 0.0
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.target_on not in TARGET_ON:
+            raise ValueError(f"target_on must be one of {TARGET_ON}, got {self.target_on!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers!r}")
+        if not 1 <= self.group_size <= self.workers:
+            raise ValueError(f"group_size must be in [1, workers], got {self.group_size!r}")
+        if self.batch < 1 or self.eval_every < 1 or self.barrier_every < 0:
+            raise ValueError("batch and eval_every must be >= 1 and barrier_every >= 0")
+        if not self.horizon_s > 0 or not self.model_bytes >= 0:
+            raise ValueError("horizon_s must be > 0 and model_bytes >= 0")
+        if not 0 <= self.overlap <= 1:
+            raise ValueError(f"overlap must be in [0, 1], got {self.overlap!r}")
+
+    def ceiling_steps_per_s(self) -> float:
+        """``sum_i v_i``: every worker stepping at its own mean speed, never waiting."""
+        factors = self.speed.expected_factors(self.workers, self.seed)
+        return float((1.0 / (self.compute.seconds * factors)).sum())

@@ -1,0 +1,155 @@
+"""The simulator's parts: speed and compute models, network costs, the statistical model,
+and the engine against cases whose outcome follows from first principles."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from ripples.schedule import adpsgd_pairs, static_partition
+from ripples.sim import (Compute, Link, Network, Problem, Scenario, Speed, simulate,
+                         target_loss)
+from ripples.sim.cli import build_parser, main as cli_main, scenario_from_args
+from ripples.sim.sources import PerStep
+from ripples.sim.stats import Workers, allreduce_loss_curve
+
+SMALL = Problem(dim=8, train_samples=2048, test_samples=512, lr=0.05, margin=10.0)
+
+
+def test_compute_from_step_time_or_flops():
+    assert Compute(step_s=0.05).seconds == 0.05
+    assert Compute(flops_per_step=4e11, device_flops=4e12).seconds == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="step_s, or flops_per_step"):
+        Compute()
+
+
+def test_speed_models():
+    s = Speed("stragglers", count=2, factor=5.0).sampler(6, seed=0)
+    assert [s.factor(w) for w in range(6)] == [1, 1, 1, 1, 5, 5]
+    r = Speed("random", probability=0.25, factor=3.0).sampler(1, seed=0)
+    draws = [r.factor(0) for _ in range(20000)]
+    assert set(draws) == {1.0, 3.0}
+    assert np.mean(np.array(draws) == 3.0) == pytest.approx(0.25, abs=0.02)
+    assert r.expected[0] == pytest.approx(1.5)
+    logn = Speed("lognormal", sigma=0.5).expected_factors(1000, seed=1)
+    assert np.median(np.log(logn)) == pytest.approx(0.0, abs=0.1) and logn.min() >= 0.1
+    with pytest.raises(ValueError, match="speed kind"):
+        Speed("bogus")
+
+
+def test_ring_and_tree_costs_and_contention():
+    net = Network(workers_per_node=4, intra=Link(1e-6, 100e9), inter=Link(10e-6, 1e9))
+    # one node: intra link, 2(g-1) steps of b/g bytes
+    assert net.allreduce_s(4e6, 4, 1) == pytest.approx(6 * (1e-6 + 1e6 / 100e9))
+    # two nodes, two collectives sharing a NIC: half the bandwidth
+    one = net.allreduce_s(8e6, 8, 2)
+    assert one == pytest.approx(14 * (10e-6 + 1e6 / 1e9))
+    assert net.allreduce_s(8e6, 8, 2, sharing=2) == pytest.approx(14 * (10e-6 + 2e6 / 1e9))
+    tree = dataclasses.replace(net, algorithm="tree")
+    assert tree.allreduce_s(8e6, 8, 2) == pytest.approx(6 * 10e-6 + 16e6 / 1e9)
+    assert net.allreduce_s(1e9, 1, 1) == 0.0
+    assert net.nodes((0, 3, 4, 9)) == {0, 1, 2}
+
+
+def test_parameter_averaging_keeps_the_sum_and_gradient_averaging_keeps_agreement():
+    w = Workers(SMALL, 6)
+    for i in range(6):
+        w.step_done(i)
+    w.flush()
+    total = w.params.sum(axis=0).copy()
+    w.average_parameters((1, 2, 5))
+    assert np.allclose(w.params.sum(axis=0), total)
+    assert np.allclose(w.params[1], w.params[5]) and not np.allclose(w.params[0], w.params[1])
+    g = Workers(SMALL, 4)
+    for _ in range(3):
+        for i in range(4):
+            g.step_done(i)
+        g.average_gradients(range(4))
+    assert np.allclose(g.params, g.params[0]) and g.consensus_distance() < 1e-25
+
+
+def test_loss_curve_decreases_and_target_is_on_it():
+    curve = allreduce_loss_curve(SMALL, 4, 100)
+    assert curve[-1] < curve[10] < math.log(2)
+    scenario = Scenario("allreduce", 4, Compute(0.1), problem=SMALL)
+    assert target_loss(scenario, 100) == pytest.approx(curve[-1])
+
+
+def test_per_step_source_uses_the_schedule_functions():
+    scenario = Scenario("static", 8, Compute(0.1), network=Network(workers_per_node=4))
+    source = PerStep(scenario)
+    partition = static_partition(0, 8, 4)
+    for w in range(8):
+        ((seq, group),) = source.groups(w, 0)
+        assert group == next(g for g in partition if w in g)
+        assert seq == partition.index(group)
+    adpsgd = PerStep(dataclasses.replace(scenario, mode="adpsgd"))
+    pairs = adpsgd_pairs(0, 3, 8)
+    for w in range(8):
+        assert adpsgd.groups(w, 3) == [p for p in pairs if w in p[1]]
+
+
+def run(mode, speed=Speed(), workers=8, horizon=20.0, **kw):
+    scenario = Scenario(mode, workers, Compute(0.1), speed, Network(workers_per_node=workers),
+                        model_bytes=0, problem=SMALL, horizon_s=horizon, group_size=2, **kw)
+    return simulate(scenario)
+
+
+def test_homogeneous_runs_reach_the_ceiling_without_communication_cost():
+    for mode in ("allreduce", "static", "random", "generator", "adpsgd"):
+        result = run(mode)
+        assert result.steps_per_s == pytest.approx(80.0, rel=0.02), mode
+        assert result.fraction_of_ceiling == pytest.approx(1.0, rel=0.02)
+
+
+def test_one_slow_worker_holds_back_allreduce_but_not_the_generator():
+    slow = Speed("stragglers", count=1, factor=5.0)
+    allreduce = run("allreduce", slow)
+    assert allreduce.steps_per_s == pytest.approx(8 / 0.5, rel=0.02)  # n * min(v)
+    generator = run("generator", slow)
+    assert generator.fraction_of_ceiling >= 0.9
+    assert generator.steps[7] < generator.steps[0] / 3  # the slow one still steps at its pace
+
+
+def test_time_to_target_and_consensus_come_from_the_arithmetic():
+    target = float(allreduce_loss_curve(SMALL, 8, 60)[-1])
+    result = run("allreduce", target_loss=target, eval_every=1)
+    # all-reduce reaches its own curve's value after about 60 steps of 0.1 s
+    assert result.time_to_target_s == pytest.approx(6.0, abs=0.6)
+    assert result.consensus_distance < 1e-20
+    assert run("random", target_loss=target).consensus_distance > 0
+
+
+def test_barrier_and_overlap_options():
+    slow = Speed("random", probability=0.2, factor=5.0)
+    free = run("random", slow)
+    fenced = run("random", slow, barrier_every=2)
+    assert fenced.steps_per_s < free.steps_per_s
+    scenario = Scenario("allreduce", 8, Compute(0.1), network=Network(
+        workers_per_node=1, inter=Link(0.0, 1e9)), model_bytes=4e7, problem=SMALL, horizon_s=10)
+    plain, hidden = simulate(scenario), simulate(dataclasses.replace(scenario, overlap=1.0))
+    assert plain.steps_per_s < 0.6 * hidden.steps_per_s
+    assert hidden.steps_per_s == pytest.approx(80.0, rel=0.02)
+
+
+def test_scenario_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        Scenario("ring", 4, Compute(0.1))
+    with pytest.raises(ValueError, match="group_size"):
+        Scenario("random", 4, Compute(0.1), group_size=5)
+
+
+def test_cli_help_explains_every_flag_and_runs(tmp_path, capsys):
+    parser = build_parser()
+    for action in parser._actions:
+        assert action.help, action.option_strings
+    args = parser.parse_args(["--preset", "prague", "--inter-gbps", "25"])
+    base, workers = scenario_from_args(args)
+    assert workers == [64] and base.network.inter.bandwidth_Bps == pytest.approx(25e9 / 8)
+    assert base.compute.seconds == pytest.approx(12.3e9 * 32 / 4e12)
+    out = tmp_path / "sim.json"
+    assert cli_main(["--workers", "8", "--modes", "allreduce,generator", "--step-ms", "10",
+                     "--model-mb", "0", "--target-steps", "20", "--quiet", "--json",
+                     str(out), "--horizon-s", "5"]) == 0
+    assert "generator" in capsys.readouterr().out
+    assert '"rows"' in out.read_text()
