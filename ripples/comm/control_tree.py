@@ -75,15 +75,27 @@ class Verdict(NamedTuple):
 
 
 def digest(entries: Sequence) -> int:
-    """A 62-bit digest of a member's pending entries (their ``repr`` must be equal on every
-    member that has the same collectives pending)."""
-    return _digest(tuple(entries))
+    """A 62-bit digest of a member's pending entries ``(name, signature, wire)``, in order:
+    equal on members that have the same collectives pending in the same order."""
+    value = len(entries)
+    for name, signature, wire in entries:
+        # The texts of a call shape repeat every step while unnamed collectives get a new
+        # name each time: hash the texts once, then only the name on top of them.
+        crc, adler = _texts_sums(signature, wire)
+        text = name.encode()
+        entry = (zlib.crc32(text, crc) << 30) ^ zlib.adler32(text, adler)
+        value = (value * _MIX + entry) & _MASK
+    return value
 
 
-@functools.lru_cache(maxsize=256)  # training submits the same few lists every step
-def _digest(entries: tuple) -> int:
-    text = repr(entries).encode()
-    return (zlib.crc32(text) << 30) ^ zlib.adler32(text)
+@functools.lru_cache(maxsize=4096)
+def _texts_sums(signature: str, wire: str):
+    text = f"{signature}\0{wire}\0".encode()
+    return zlib.crc32(text), zlib.adler32(text)
+
+
+_MIX = 0x9E3779B97F4A7C15  # odd, so that the running value never loses bits
+_MASK = (1 << 62) - 1
 
 
 def group_hash(group: Sequence[int]) -> int:

@@ -24,7 +24,7 @@ from ripples.ops.engine import Request
 from ripples.ops.handles import Handle
 from ripples.ops.process_sets import ProcessSet, global_process_set
 from ripples.reduce_ops import ReduceOp, check_op
-from ripples.ops.reduction import allreduce_wire, signature
+from ripples.ops.reduction import allreduce_texts, signature
 
 
 def resolve_op(op, average) -> ReduceOp:
@@ -93,21 +93,20 @@ def _allreduce_async(tensors, outputs, op, prescale, postscale, process_set, nam
         rt = _runtime.current()
     prescale, postscale = _factor(prescale, "prescale_factor"), _factor(postscale,
                                                                          "postscale_factor")
-    for tensor in tensors:
-        mpi_op(op, tensor.dtype)  # reject e.g. Average on bool at the call
+    # Raises at the call (e.g. Average on bool), before anything is submitted.
+    texts = [allreduce_texts(what, op, tensor, prescale, postscale) for tensor in tensors]
     handle = Handle(what, result, parts=len(tensors))
     names = _names(rt, group, what, name, len(tensors))
-    requests = []
-    for n, source, target in zip(names, tensors, outputs):
-        sig = (f"{signature(what, op, source.dtype, [source.shape])} "
-               f"pre={prescale!r} post={postscale!r}")
-        requests.append(Request(n, group, what, sig, handle,
-                                wire=allreduce_wire(what, op, source, prescale, postscale),
-                                pair=(source, target), reduce=(op, prescale, postscale)))
+    reduce = (op, prescale, postscale)
+    requests = [Request(n, group, what, sig, handle, wire=wire, pair=(source, target),
+                        reduce=reduce)
+                for n, (sig, wire), source, target in zip(names, texts, tensors, outputs)]
     return _submit(rt, requests, handle)
 
 
 def _factor(value, argument: str) -> float:
+    if type(value) is float:
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{argument} must be a number, got {type(value).__name__}")
     return float(value)

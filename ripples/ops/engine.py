@@ -15,7 +15,6 @@ names may come in any order.
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -70,6 +69,7 @@ class Engine:
         self._closing = False
         self._join_rounds = -1
         self._here = threading.local()
+        self._waited_here = _WaitedHere(self._here)
 
     # ------------------------------------------------------------------ submission
 
@@ -88,8 +88,7 @@ class Engine:
             seen = set()
             for request in requests:
                 key = (request.group, request.name)
-                if key in self._names or key in seen:
-                    raise ValueError(
+                if key in self._names or key in seen:                    raise ValueError(
                         f"a collective named {request.name!r} is already in flight on group "
                         f"{request.group} (rank {self._rt.rank}); give concurrent collectives "
                         "distinct names, or synchronize the first before reusing its name")
@@ -105,15 +104,10 @@ class Engine:
                                                 daemon=True)
                 self._thread.start()
 
-    @contextlib.contextmanager
-    def waited_here(self):
-        """Submissions in this block are waited for at once by the submitting thread (a
-        blocking collective): the engine thread is not woken for them."""
-        self._here.waiting = True
-        try:
-            yield
-        finally:
-            self._here.waiting = False
+    def waited_here(self) -> "_WaitedHere":
+        """A context: submissions in its block are waited for at once by the submitting
+        thread (a blocking collective), so the engine thread is not woken for them."""
+        return self._waited_here
 
     def wait(self, handle: Handle) -> None:
         """Block until ``handle`` is done, running control rounds here when nobody else is."""
@@ -122,7 +116,7 @@ class Engine:
         while not handle.done:
             if self._comm_lock.acquire(blocking=False):
                 try:
-                    progressed = handle.done or self._step()
+                    progressed = handle.done or self._step_here()
                 finally:
                     self._comm_lock.release()
                 if progressed:
@@ -162,6 +156,7 @@ class Engine:
     # ------------------------------------------------------------------ progress
 
     def _serve(self) -> None:
+        torch.set_grad_enabled(False)  # for this thread: collectives never record history
         pause = 0.0
         cycle_s = self._rt.config.cycle_time_ms / 1000.0
         while True:
@@ -181,7 +176,13 @@ class Engine:
                 pause = min(_MAX_PAUSE_S, pause * 2 or _MIN_PAUSE_S)
                 time.sleep(pause)
 
-    @torch.no_grad()  # grad mode is per thread; collectives never record autograd history
+    def _step_here(self) -> bool:
+        """``_step`` on a caller's thread, whose grad mode may be on (it is per thread)."""
+        if not torch.is_grad_enabled():
+            return self._step()
+        with torch.no_grad():
+            return self._step()
+
     def _step(self) -> bool:
         """One control round on the group of the oldest request, and the agreed data
         movement. Returns whether anything finished. Caller holds the comm lock."""
@@ -189,31 +190,32 @@ class Engine:
         with self._lock:
             if not self._pending:
                 return False
-            group = self._pending[0].group
-            batch = [r for r in self._pending if r.group == group]
+            pending = self._pending
+            group = pending[0].group
+            batch = pending[:1] if len(pending) == 1 else [r for r in pending if r.group == group]
         if rt.timeline.enabled:
             rt.timeline.mark_cycle()
-        by_name = {r.name: r for r in batch}
         comm = rt.world if group == rt.world_group else rt.cache.lookup(group)
         if len(group) == 1:
-            decision = Decision(active=1, run=list(by_name))
-        else:
-            record = Record(group, comm is None, -1, any(r.handle.blocking for r in batch),
-                            [(r.name, r.signature, r.wire) for r in batch])
-            what = batch[0].what
-            start = rt.timeline.now() if rt.timeline.enabled else 0.0
-            try:
-                decision = negotiate(rt.ctl, record, what, rt.config.timeout_s,
-                                     rt.config.stall_warning_s)
-            except RipplesError as exc:
-                self._fail_unmatched(batch, exc)
-                return True
-            if rt.timeline.enabled:  # the control round is where a rank waits for its peers
-                rt.timeline.complete("wait", "wait", start, rt.timeline.now() - start,
-                                     {"group": list(group), "for": what,
-                                      "names": len(decision.run)})
-            if decision.create:
-                comm = rt.cache.create(group)
+            self._execute(comm, group, 1, batch)
+            return True
+        record = Record(group, comm is None, -1, any(r.handle.blocking for r in batch),
+                        [(r.name, r.signature, r.wire) for r in batch])
+        what = batch[0].what
+        start = rt.timeline.now() if rt.timeline.enabled else 0.0
+        try:
+            decision = negotiate(rt.ctl, record, what, rt.config.timeout_s,
+                                 rt.config.stall_warning_s)
+        except RipplesError as exc:
+            self._fail_unmatched(batch, exc)
+            return True
+        if rt.timeline.enabled:  # the control round is where a rank waits for its peers
+            rt.timeline.complete("wait", "wait", start, rt.timeline.now() - start,
+                                 {"group": list(group), "for": what,
+                                  "names": len(decision.run)})
+        if decision.create:
+            comm = rt.cache.create(group)
+        by_name = {r.name: r for r in batch}
         for name, error in decision.failed.items():
             self._fail_unmatched([by_name[name]], error)
         self._execute(comm, group, decision.active, [by_name[n] for n in decision.run])
@@ -235,6 +237,10 @@ class Engine:
                     f"(rank {self._rt.rank} is waiting; Config.timeout_s / RIPPLES_TIMEOUT_S)"))
 
     def _execute(self, comm, group, active: int, requests: List[Request]) -> None:
+        if len(requests) == 1 and requests[0].pair is not None:  # nothing to fuse with
+            self._perform(requests, group, lambda: self._reduce_fused(comm, group, active,
+                                                                      requests))
+            return
         threshold = max(1, self._rt.config.fusion_threshold_bytes)
         i = 0
         while i < len(requests):
@@ -363,6 +369,22 @@ class Engine:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
+
+
+class _WaitedHere:
+    """``Engine.waited_here()``: sets a thread-local flag for the block (a class, not a
+    generator context manager, as it runs once per blocking collective)."""
+
+    __slots__ = ("_here",)
+
+    def __init__(self, here: threading.local):
+        self._here = here
+
+    def __enter__(self) -> None:
+        self._here.waiting = True
+
+    def __exit__(self, *exc_info) -> None:
+        self._here.waiting = False
 
 
 def fusion_chunks(sizes: Sequence[int], threshold: int) -> List[List[int]]:

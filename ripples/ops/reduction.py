@@ -6,6 +6,7 @@ Partial All-Reduce and the decentralized optimizer's parameter averaging.
 from __future__ import annotations
 
 import functools
+import math
 import zlib
 from typing import List, Sequence, Tuple
 
@@ -38,12 +39,26 @@ def _signature(what: str, op: ReduceOp, dtype: torch.dtype, shapes: tuple) -> st
 def wire_dtype(op: ReduceOp, tensor: torch.Tensor) -> torch.dtype:
     """The dtype an all-reduce of ``tensor`` sends: host float16/bfloat16 sums (Sum,
     Average) stay 16-bit (``half_allreduce``); other 16-bit reductions run in float32."""
-    if tensor.dtype in HALF_DTYPES and not tensor.is_cuda and op in _16BIT_OPS:
-        return tensor.dtype
-    return reduction_dtype(tensor.dtype)
+    return _sent_dtype(op, tensor.dtype, tensor.is_cuda)
+
+
+def _sent_dtype(op: ReduceOp, dtype: torch.dtype, is_cuda: bool) -> torch.dtype:
+    if dtype in HALF_DTYPES and not is_cuda and op in _16BIT_OPS:
+        return dtype
+    return reduction_dtype(dtype)
 
 
 _16BIT_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
+
+
+def allreduce_texts(what: str, op: ReduceOp, tensor: torch.Tensor, prescale: float,
+                    postscale: float) -> Tuple[str, str]:
+    """The signature and the wire text (``allreduce_wire``) of an all-reduce request of
+    ``tensor``, computed once per call shape, so that a blocking all-reduce in a loop pays
+    one dictionary lookup for both. Raises ValueError when ``op`` is not defined on the
+    dtype (e.g. Average on bool)."""
+    return _allreduce_texts(what, op, tensor.dtype, tensor.shape, tensor.is_cuda, prescale,
+                            postscale)
 
 
 def allreduce_wire(what: str, op: ReduceOp, tensor: torch.Tensor, prescale: float,
@@ -51,16 +66,19 @@ def allreduce_wire(what: str, op: ReduceOp, tensor: torch.Tensor, prescale: floa
     """The wire text of an all-reduce request: its fusion key, then what a joined rank needs
     to take part (MPI op, the dtype sent, element count) and its size for chunking. A
     16-bit dtype sent means the 16-bit sum (``allreduce_16bit_``) instead of MPI's."""
-    return _allreduce_wire(what, op, tensor.dtype, tensor.numel(), tensor.element_size(),
-                           tensor.device.type, wire_dtype(op, tensor), prescale, postscale)
+    return allreduce_texts(what, op, tensor, prescale, postscale)[1]
 
 
 @functools.lru_cache(maxsize=4096)  # training repeats the same few calls every step
-def _allreduce_wire(what, op, dtype, numel, element_size, device_type, sent_dtype, prescale,
-                    postscale) -> str:
-    name = next(n for n, o in _OP_NAMES.items() if o == mpi_op(op, dtype))
-    key = f"{what}:{str(dtype)[6:]}:{op}:{prescale!r}:{postscale!r}:{device_type}"
-    return (f"allreduce|{key}|{name}|{str(sent_dtype)[6:]}|{numel}|{numel * element_size}")
+def _allreduce_texts(what, op, dtype, shape, is_cuda, prescale, postscale) -> Tuple[str, str]:
+    operation = next(n for n, o in _OP_NAMES.items() if o == mpi_op(op, dtype))
+    numel = math.prod(shape)
+    key = f"{what}:{str(dtype)[6:]}:{op}:{prescale!r}:{postscale!r}:" \
+          f"{'cuda' if is_cuda else 'cpu'}"
+    sent = str(_sent_dtype(op, dtype, is_cuda))[6:]
+    wire = f"allreduce|{key}|{operation}|{sent}|{numel}|{numel * dtype.itemsize}"
+    sig = f"{signature(what, op, dtype, [shape])} pre={prescale!r} post={postscale!r}"
+    return sig, wire
 
 
 def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair], op: ReduceOp,
@@ -85,10 +103,12 @@ def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair]
     if not (dtype.is_floating_point or dtype is torch.bool):
         _reduce_integers(runtime, comm, len(group), pairs, mpi_operation, prescale, post)
         return
-    red_dtype = wire_dtype(op, pairs[0][0])
-    if red_dtype in HALF_DTYPES:
-        _reduce_16bit(runtime, comm, len(group), pairs, prescale, post)
-        return
+    red_dtype = dtype
+    if dtype in HALF_DTYPES:  # as wire_dtype says, for host tensors
+        if op in _16BIT_OPS:
+            _reduce_16bit(runtime, comm, len(group), pairs, prescale, post)
+            return
+        red_dtype = torch.float32
     if len(pairs) == 1 and prescale == 1.0 and red_dtype == dtype:
         source, target = pairs[0]
         if source.is_contiguous() and target.is_contiguous():
