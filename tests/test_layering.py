@@ -23,3 +23,20 @@ def imported_modules(path: Path):
 def test_runtime_and_comm_do_not_import_the_layers_above(path):
     upward = [m for m in imported_modules(path) if m.startswith(UPPER)]
     assert not upward, f"{path.name} imports {upward}"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "schedule").glob("*.py")),
+                         ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_schedules_do_not_import_the_simulator(path):
+    upward = [m for m in imported_modules(path) if m.startswith("ripples.sim") or m.startswith("..sim")]
+    assert not upward, f"{path.name} imports {upward}"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "sim").glob("*.py")),
+                         ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_simulator_imports_only_the_schedules_of_ripples(path):
+    # relative imports appear as their bare module name ("schedule", "schedule.base")
+    foreign = [m for m in imported_modules(path)
+               if m.startswith(("ripples.ops", "ripples.comm", "ripples.torch", "ripples.ps",
+                                "ripples.runtime", "mpi4py", "torch"))]
+    assert not foreign, f"{path.name} imports {foreign}"
