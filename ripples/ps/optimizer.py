@@ -11,6 +11,8 @@ from ..errors import MismatchError, RipplesError
 from ..optim_wrapper import OptimizerWrapper
 from . import placement as placement_mod
 from . import policies
+from .community import CommunityStep
+from .epsp import TaskRunner
 from .context import PSContext
 from .transport import from_wire, state_from_wire, state_to_wire, to_wire, wire_nbytes
 
@@ -67,12 +69,20 @@ class PSOptimizer(OptimizerWrapper):
         controller: called as ``controller(self)`` at the end of every ``step()``, at an
             iteration boundary (the place for schemes that re-form communities, rebalance
             work or move chunks from measured ``metrics()``).
+        communities, regroup_every: ``policy="casp"``: ``"auto"`` (sort-and-cut chooses the
+            number of communities) or a fixed count; rounds between regroupings. Needs
+            ripples initialized in PS mode (``ripples.torch.init`` with ``ps_servers``);
+            every worker must make the same number of steps. See ``ripples.ps.casp``.
+        tasks_per_clock, rebalance_every: ``policy="epsp"``/``"flexrr"``: micro-batch
+            tasks per clock; clocks between rebalancings (EPSP). The loop takes its
+            micro-batches from ``ripples.ps.TaskSampler(self, ...)``; see ``ripples.ps.epsp``.
     """
 
     def __init__(self, optimizer, named_parameters, context: PSContext, policy="bsp",
                  staleness=None, placement="roundrobin", chunk_bytes=4 << 20,
                  eager_scale="inverse", max_lag=None, coupled=False, timeout_s=60,
-                 backup_workers=1, link_delay_s=0.0, controller=None):
+                 backup_workers=1, link_delay_s=0.0, controller=None, communities=None,
+                 regroup_every=None, tasks_per_clock=None, rebalance_every=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         if not isinstance(context, PSContext) or context.worker < 0:
@@ -87,12 +97,14 @@ class PSOptimizer(OptimizerWrapper):
         problem = None
         try:
             self._validate(optimizer, named_parameters, policy, staleness, placement, chunk_bytes,
-                           eager_scale, max_lag, coupled, timeout_s, backup_workers, link_delay_s)
-        except (TypeError, ValueError) as exc:
+                           eager_scale, max_lag, coupled, timeout_s, backup_workers, link_delay_s,
+                           communities, regroup_every, tasks_per_clock, rebalance_every)
+        except (TypeError, ValueError, RipplesError) as exc:
             problem = exc
         placement_name = getattr(placement, "__qualname__", placement)  # no addresses
         self._check_same_everywhere(problem, policy, staleness, backup_workers, eager_scale,
-                                    max_lag, coupled, chunk_bytes, placement_name)
+                                    max_lag, coupled, chunk_bytes, placement_name, communities,
+                                    regroup_every, tasks_per_clock, rebalance_every)
         self.sid = context.new_session_id()
         self.servers = list(range(context.num_servers))
         self.server_chunks = {s: self.map.chunks_of(s) for s in self.servers}
@@ -111,10 +123,16 @@ class PSOptimizer(OptimizerWrapper):
             self._send_init(optimizer, self.groups)
         self._sent_hyper: Optional[List[dict]] = None  # every worker sends its groups once
         self.optimizer.state.clear()  # the servers hold it from now on
+        self.last_plan = None
+        self.total_pushes = 0  # pushes of all workers, as of the last pull (a CASP round
+        # counts once per member): the servers' view of global progress in worker steps
         self._install_all(self._wait_all(self._request_pull(), "initial pull", count_blocked=False))
+        self.community = CommunityStep(self) if self.spec.name == "casp" else None
+        self.tasks = TaskRunner(self) if self.spec.name in policies.TASK_POLICIES else None
 
     def _validate(self, optimizer, named_parameters, policy, staleness, placement, chunk_bytes,
-                  eager_scale, max_lag, coupled, timeout_s, backup_workers, link_delay_s):
+                  eager_scale, max_lag, coupled, timeout_s, backup_workers, link_delay_s,
+                  communities, regroup_every, tasks_per_clock, rebalance_every):
         context = self.context
         if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
@@ -123,7 +141,10 @@ class PSOptimizer(OptimizerWrapper):
         self.timeout_s = float(timeout_s)
         self.link_delay_s = float(link_delay_s)
         self.spec = policies.make_spec(policy, context.num_workers, staleness, backup_workers,
-                                       eager_scale, max_lag, coupled)
+                                       eager_scale, max_lag, coupled, communities, regroup_every,
+                                       tasks_per_clock, rebalance_every)
+        if policy == "casp":
+            CommunityStep.check_runtime(context.num_workers)
         self.names, self.params, groups = _collect(optimizer, named_parameters)
         infos = [placement_mod.ParamInfo(n, p.numel(), p.element_size())
                  for n, p in zip(self.names, self.params)]
@@ -147,7 +168,11 @@ class PSOptimizer(OptimizerWrapper):
             with torch.enable_grad():
                 loss = closure()
         skip = self._unscale_for_amp()
-        if self.spec.decoupled:
+        if self.community is not None:
+            self.community.step(skip)
+        elif self.tasks is not None:
+            self.tasks.step(skip)
+        elif self.spec.decoupled:
             self._eager_step(skip)
         else:
             self._push(1.0, skip)
@@ -157,6 +182,27 @@ class PSOptimizer(OptimizerWrapper):
         if self.controller is not None:
             self.controller(self)
         return loss
+
+    # -- pieces the community and task policies compose ------------------------------------
+    def stats_pushed(self) -> int:
+        return sum(self.stats["bytes_pushed_per_server"])
+
+    def stats_pulled(self) -> int:
+        return sum(self.stats["bytes_pulled_per_server"])
+
+    def pull_now(self) -> None:
+        """Pull after this worker's clock and install the answer (blocking)."""
+        self._install_all(self._wait_all(self._request_pull(), f"pull after step {self.clock}"))
+
+    def push_and_pull(self, skip: bool, extra: dict) -> None:
+        """Push the parameters' ``.grad`` with ``extra`` message fields, then pull."""
+        self._push(1.0, skip, extra=extra)
+        self.pull_now()
+
+    def push_sums(self, sums: List[Optional[torch.Tensor]], extra: dict, skip: bool) -> None:
+        """Push ``sums`` (one tensor or None per parameter) with ``extra`` message fields,
+        without advancing the clock."""
+        self._push(1.0, skip, grads=sums, extra=extra, advance=False)
 
     def _unscale_for_amp(self) -> bool:
         """Under ``GradScaler.step``: unscale the gradients it left scaled; True when this
@@ -233,7 +279,14 @@ class PSOptimizer(OptimizerWrapper):
         expected_tau_hist (eager), gate_log ((own pushes, slowest active worker's pushes)
         when each pull was answered), staleness_hist (realized, all servers), dropped,
         server_load (per server: bytes_in, bytes_out, busy_s, updates, dropped, skipped
-        (pushes or rounds not applied because a GradScaler found inf/NaN), ...).
+        (pushes or rounds not applied because a GradScaler found inf/NaN), ...),
+        bytes_pushed_per_step / bytes_pulled_per_step (this worker's bytes over its steps;
+        divide by the samples of a step for bytes per sample).
+        CASP adds communities (the current plan), community (rounds, collective_s, plans
+        adopted, bytes pushed and pulled per community by this worker as leader) and
+        speed_ema_s; server_load[i]["bytes_in_per_community"] counts what each community
+        pushed. EPSP/FlexRR add tasks (this worker's tasks, stolen ones, task_log) and
+        task_board (server 0: transfers, claims, rebalances, shares_log, transfer_log).
         Before ``join()`` this asks the servers (a round trip).
         """
         servers = self.server_stats
@@ -250,6 +303,16 @@ class PSOptimizer(OptimizerWrapper):
                    server_load=servers, dropped=sum(s["dropped"] for s in servers))
         out["bytes_pushed"] = sum(self.stats["bytes_pushed_per_server"])
         out["bytes_pulled"] = sum(self.stats["bytes_pulled_per_server"])
+        out["bytes_pushed_per_step"] = out["bytes_pushed"] / max(1, self.stats["steps"])
+        out["bytes_pulled_per_step"] = out["bytes_pulled"] / max(1, self.stats["steps"])
+        if self.community is not None:
+            out["communities"] = [list(c) for c in self.community.plan]
+            out["community"] = dict(self.community.stats, plans=[
+                (v, [list(c) for c in plan]) for v, plan in self.community.stats["plans"]])
+            out["speed_ema_s"] = servers[0].get("speed_ema_s", {})
+        if self.tasks is not None:
+            out["tasks"] = dict(self.tasks.stats)
+            out["task_board"] = servers[0].get("tasks", {})
         return out
 
     # -- checkpoints -----------------------------------------------------------------------
@@ -350,12 +413,14 @@ class PSOptimizer(OptimizerWrapper):
         self._sent_hyper = _hyperparameters(groups)
         return self._sent_hyper
 
-    def _push(self, factor: float, skip: bool = False) -> None:
+    def _push(self, factor: float, skip: bool = False, grads=None, extra=None,
+              advance=True) -> None:
         hyper = self._changed_hyperparameters()
+        sources = [p.grad for p in self.params] if grads is None else grads
         for server in self.servers:
             grads, seen = {}, {}
             for c in self.server_chunks[server]:
-                grad = self.params[c.param].grad
+                grad = sources[c.param]
                 # No gradient (frozen or unused here) is left out: the servers' optimizer
                 # then skips the chunk, as torch skips a parameter whose grad is None.
                 if not skip and grad is not None:
@@ -369,9 +434,11 @@ class PSOptimizer(OptimizerWrapper):
                 message["hyper"] = hyper
             if skip:
                 message["skip"] = True
+            message.update(extra or {})
             self.channel.send(server, message)
-        self.pushes += 1
-        self.clock += 1
+        if advance:
+            self.pushes += 1
+            self.clock += 1
 
     def _request_pull(self) -> Dict[int, int]:
         return {s: self.channel.send(s, {"kind": "pull", "sid": self.sid, "w": self.worker,
@@ -390,6 +457,9 @@ class PSOptimizer(OptimizerWrapper):
         for server, answer in answers.items():
             self._install(server, answer)
         first = answers[self.servers[0]]
+        if "plan" in first:
+            self.last_plan = first["plan"]
+        self.total_pushes = max(self.total_pushes, first.get("total_pushes", 0))
         if "min_pushes" in first:
             self.stats["gate_log"].append((first["pushes"], first["min_pushes"]))
         if self.spec.name == "syncopt":

@@ -20,6 +20,18 @@ per worker; a *round* (BSP, Sync-opt) is the set of pushes made at the same cloc
   servers each decides its first ``N`` on its own (as per-variable accumulators do).
 - ``eager``: applied on arrival, scaled by the factor the worker sends, computed from the
   staleness it expects (see ``expected_tau`` and ``eager_factor``).
+- ``casp``: communities of workers average their gradients by P-Reduce and their leader
+  pushes one update, applied on arrival with scale 1 (``casp.py``, ``community.py``);
+  ``communities`` is ``"auto"`` or a fixed count, ``regroup_every`` the rounds between
+  regroupings, ``staleness`` an optional bound on how many rounds a worker may lead the
+  slowest active one (SSP's gate on rounds).
+- ``epsp`` and ``flexrr``: a clock's global batch is ``tasks_per_clock`` micro-batch tasks;
+  a clock's round is applied, as the average over its tasks, once every task has been
+  computed exactly once (``tasks.py``); ``staleness = s`` lets a worker start clock
+  ``c + 1`` once round ``c - s`` is applied. EPSP rebalances shares by speed every
+  ``rebalance_every`` clocks and moves tasks by straggler projection (``epsp.py``);
+  FlexRR-lite keeps equal shares and moves tasks by count (``tasks.py``, rule
+  ``"most_remaining"``).
 """
 from __future__ import annotations
 
@@ -27,8 +39,11 @@ import dataclasses
 import math
 from typing import Dict, Iterable, List, Optional, Set
 
-POLICIES = ("bsp", "asp", "ssp", "dynsgd", "consgd", "syncopt", "eager")
+POLICIES = ("bsp", "asp", "ssp", "dynsgd", "consgd", "syncopt", "eager", "casp", "epsp",
+            "flexrr")
 ROUND_POLICIES = ("bsp", "syncopt")
+TASK_POLICIES = ("epsp", "flexrr")
+STALENESS_POLICIES = ("ssp", "casp", "epsp", "flexrr")
 EAGER_SCALES = ("inverse", "sqrt", "constant")
 
 
@@ -43,6 +58,10 @@ class PolicySpec:
     eager_scale: str = "inverse"
     max_lag: Optional[int] = None
     coupled: bool = False
+    communities: object = None
+    regroup_every: Optional[int] = None
+    tasks_per_clock: Optional[int] = None
+    rebalance_every: Optional[int] = None
 
     @property
     def quorum(self) -> int:
@@ -55,19 +74,61 @@ class PolicySpec:
         return self.name == "eager" and not self.coupled
 
 
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def make_spec(policy, num_workers: int, staleness=None, backup_workers: int = 1,
-              eager_scale: str = "inverse", max_lag=None, coupled: bool = False) -> PolicySpec:
-    """Validate the policy arguments; raise ValueError naming the argument and valid values."""
+              eager_scale: str = "inverse", max_lag=None, coupled: bool = False,
+              communities=None, regroup_every=None, tasks_per_clock=None,
+              rebalance_every=None) -> PolicySpec:
+    """Validate the policy arguments; raise ValueError naming the argument and valid values.
+
+    ``staleness``: required for ``"ssp"``; optional for ``"casp"`` (None: unbounded) and
+    for ``"epsp"``/``"flexrr"`` (default 0). ``communities`` (``"auto"`` or an integer in
+    ``[1, num_workers]``, default ``"auto"``) and ``regroup_every`` (rounds, default 20)
+    belong to ``"casp"``; ``tasks_per_clock`` (default ``4 * num_workers``) to ``"epsp"``
+    and ``"flexrr"``; ``rebalance_every`` (clocks, default 5) to ``"epsp"``.
+    """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
-    if policy == "ssp":
-        if staleness is None or isinstance(staleness, bool) or not isinstance(staleness, int) \
-                or staleness < 0:
-            raise ValueError(f"policy='ssp' needs staleness=<integer >= 0> (0 is lockstep), "
-                             f"got staleness={staleness!r}")
-    elif staleness is not None:
-        raise ValueError(f"staleness applies only to policy='ssp', got staleness={staleness!r} "
-                         f"with policy={policy!r}; pass staleness=None")
+    if staleness is not None and not (_count(staleness) and staleness >= 0):
+        raise ValueError(f"staleness must be an integer >= 0 (0 is lockstep), "
+                         f"got staleness={staleness!r}")
+    if policy == "ssp" and staleness is None:
+        raise ValueError("policy='ssp' needs staleness=<integer >= 0> (0 is lockstep), "
+                         "got staleness=None")
+    if policy not in STALENESS_POLICIES and staleness is not None:
+        raise ValueError(f"staleness applies only to policy in {list(STALENESS_POLICIES)}, got "
+                         f"staleness={staleness!r} with policy={policy!r}; pass staleness=None")
+    if policy in TASK_POLICIES and staleness is None:
+        staleness = 0
+    for name, value, owners in (("communities", communities, ("casp",)),
+                                ("regroup_every", regroup_every, ("casp",)),
+                                ("tasks_per_clock", tasks_per_clock, TASK_POLICIES),
+                                ("rebalance_every", rebalance_every, ("epsp",))):
+        if value is not None and policy not in owners:
+            raise ValueError(f"{name} applies only to policy in {list(owners)}, got "
+                             f"{name}={value!r} with policy={policy!r}")
+    if policy == "casp":
+        communities = "auto" if communities is None else communities
+        if communities != "auto" and not (_count(communities) and 1 <= communities <= num_workers):
+            raise ValueError(f"communities must be 'auto' or an integer in [1, {num_workers}] "
+                             f"for {num_workers} workers, got communities={communities!r}")
+        regroup_every = 20 if regroup_every is None else regroup_every
+        if not (_count(regroup_every) and regroup_every >= 1):
+            raise ValueError(f"regroup_every must be an integer >= 1 (rounds), "
+                             f"got regroup_every={regroup_every!r}")
+    if policy in TASK_POLICIES:
+        tasks_per_clock = 4 * num_workers if tasks_per_clock is None else tasks_per_clock
+        if not (_count(tasks_per_clock) and tasks_per_clock >= num_workers):
+            raise ValueError(f"tasks_per_clock must be an integer >= {num_workers} (one task "
+                             f"per worker at least), got tasks_per_clock={tasks_per_clock!r}")
+    if policy == "epsp":
+        rebalance_every = 5 if rebalance_every is None else rebalance_every
+        if not (_count(rebalance_every) and rebalance_every >= 1):
+            raise ValueError(f"rebalance_every must be an integer >= 1 (clocks), "
+                             f"got rebalance_every={rebalance_every!r}")
     if eager_scale not in EAGER_SCALES:
         raise ValueError(f"eager_scale must be one of {list(EAGER_SCALES)}, got {eager_scale!r}")
     if max_lag is not None and (not isinstance(max_lag, int) or max_lag < 0):
@@ -76,7 +137,8 @@ def make_spec(policy, num_workers: int, staleness=None, backup_workers: int = 1,
     if policy == "syncopt" and not (isinstance(backups, int) and 0 <= backups < num_workers):
         raise ValueError(f"backup_workers must be an integer in [0, {num_workers - 1}] for "
                          f"{num_workers} workers, got {backup_workers!r}")
-    return PolicySpec(policy, num_workers, staleness, backups, eager_scale, max_lag, bool(coupled))
+    return PolicySpec(policy, num_workers, staleness, backups, eager_scale, max_lag, bool(coupled),
+                      communities, regroup_every, tasks_per_clock, rebalance_every)
 
 
 def ssp_may_start(own_pushes: int, active_pushes: Iterable[int], staleness: int) -> bool:
@@ -127,6 +189,10 @@ def pull_ready(spec: PolicySpec, after_round: int, rounds_applied: int, own_push
     """May the server answer a pull now? ``after_round`` is the pulling worker's clock."""
     if spec.name in ROUND_POLICIES:
         return rounds_applied >= after_round
+    if spec.name in TASK_POLICIES:
+        return rounds_applied >= after_round - spec.staleness
+    if spec.name == "casp":
+        return spec.staleness is None or ssp_may_start(own_pushes, active_pushes, spec.staleness)
     if spec.name == "ssp":
         return ssp_may_start(own_pushes, active_pushes, spec.staleness)
     return True

@@ -17,6 +17,18 @@ chunks without a gradient: a round averages the gradients present over all its p
 ``state`` answers the optimizer state of every chunk; ``load`` (worker 0, from
 ``load_state_dict``) replaces chunks, their optimizer state and the hyperparameters.
 
+Communities (``casp``): a push comes from a community's leader and names its members; it
+is applied on arrival and counts as one round for every member. Server 0 keeps the
+community controller (``casp.Controller``) and sends the current plan with every answer to
+a pull, so a leader learns a new plan at a round boundary.
+
+Tasks (``epsp``, ``flexrr``): server 0 keeps the ``tasks.TaskBoard`` and answers ``task``
+requests (claims and steals). A push carries the summed gradients of the tasks a worker
+computed for one clock and their ids; a clock's round is applied, as the sum over the
+clock's tasks divided by their number, once all of them have arrived, in clock order. A
+task pushed twice fails the session (every server checks; server 0 also checks that the
+pusher claimed it).
+
 Waiting rules: a pull held back by the policy (BSP, Sync-opt, SSP) is answered with an
 error naming the workers it waits for once it has waited ``timeout_s``; a join waits for
 the other workers while they are alive (heartbeats to the joined worker keep its deadline
@@ -33,7 +45,7 @@ from typing import Dict, List
 import torch
 from mpi4py import MPI
 
-from . import policies
+from . import casp, policies, tasks
 from .transport import (REPLY, REQUEST, Backoff, Outbox, from_wire, state_from_wire,
                         state_to_wire, to_wire, wire_nbytes)
 
@@ -182,6 +194,21 @@ class Session:
                       "staleness_hist": {}, "pushes_per_worker": self.pushes,
                       "applied_per_worker": self.applied_from}
         self.last_heartbeat = time.monotonic()
+        self.controller = None
+        self.board = None
+        self.clock_parts: Dict[int, dict] = {}
+        if self.spec.name == "casp":
+            self.stats["bytes_in_per_community"] = {}
+            if server.index == 0:
+                count = None if self.spec.communities == "auto" else self.spec.communities
+                self.controller = casp.Controller(self.num_workers, count, self.spec.regroup_every)
+        if self.spec.name in policies.TASK_POLICIES:
+            self.stats["tasks_applied"] = 0
+            if server.index == 0:
+                self.board = tasks.TaskBoard(
+                    self.num_workers, self.spec.tasks_per_clock, self.spec.staleness,
+                    self.spec.rebalance_every,
+                    rule="projection" if self.spec.name == "epsp" else "most_remaining")
 
     # -- arrival -------------------------------------------------------------------------
     def deliver(self, message: dict) -> None:
@@ -224,6 +251,8 @@ class Session:
             self.on_push(worker, message)
         elif kind == "pull":
             self.pulls.append((worker, message["rid"], message["after"], began))
+        elif kind == "task":
+            self.on_task_request(worker, message)
         elif kind == "join":
             self.joined.add(worker)
             self.joins.append((worker, message["rid"]))
@@ -245,6 +274,11 @@ class Session:
         if "hyper" in message:
             self.hyper_of[worker] = message["hyper"]
         message["use_hyper"] = self.hyper_of.get(worker, self.default_hyper)
+        if self.spec.name in policies.TASK_POLICIES:
+            self.on_task_push(worker, message)
+            return
+        if self.spec.name == "casp":
+            self.on_community_push(message)
         if self.spec.name in policies.ROUND_POLICIES:
             if self.rounds.offer(worker, message["clock"]):
                 self.buffered[(message["clock"], worker)] = message
@@ -259,6 +293,70 @@ class Session:
             self.use_hyper(message["use_hyper"])
             self.apply({cid: from_wire(g) for cid, g in grads.items()}, factor)
         self.record(worker, delay)
+
+    def on_community_push(self, message: dict) -> None:
+        """Count the round for every member, feed the controller (server 0)."""
+        members = message["members"]
+        key = ",".join(map(str, members))
+        per = self.stats["bytes_in_per_community"]
+        per[key] = per.get(key, 0) + wire_nbytes(message["grads"].values())
+        for w in members:
+            if w != message["w"]:
+                self.pushes[w] += 1
+        if self.controller is not None:
+            casp.observe(self.controller, message["plan"], members, message["times"])
+            # Once a worker has left, a new plan could put it in a community that would
+            # wait for it forever: the communities stay as they are.
+            if not self.joined:
+                casp.regroup(self.controller)
+
+    def on_task_request(self, worker: int, message: dict) -> None:
+        if self.board is None:
+            raise ValueError(f"task request from worker {worker} reached server "
+                             f"{self.server.index}; server 0 keeps the tasks")
+        if message.get("task_s") is not None:
+            tasks.observe(self.board, worker, message["task_s"])
+        if message["steal"]:
+            task = tasks.steal(self.board, worker, message["clock"], self.rounds.applied)
+        else:
+            task = tasks.claim(self.board, worker, message["clock"])
+        self.server.reply(worker, {"rid": message["rid"], "task": task}, self.delay_s)
+
+    def on_task_push(self, worker: int, message: dict) -> None:
+        """Add one worker's summed task gradients to its clock; apply complete clocks."""
+        clock, ids = message["clock"], message["tasks"]
+        if clock < self.rounds.applied:
+            raise ValueError(f"worker {worker} pushed tasks {ids} of clock {clock}, "
+                             f"already applied")
+        part = self.clock_parts.setdefault(clock, {"grads": {}, "ids": set(), "skip": False,
+                                                    "hyper": None, "lowest": None})
+        twice = part["ids"].intersection(ids)
+        if twice or len(set(ids)) != len(ids):
+            raise ValueError(f"tasks {sorted(twice) or ids} of clock {clock} pushed twice "
+                             f"(worker {worker}): each task must be applied exactly once")
+        if self.board is not None:
+            tasks.complete(self.board, worker, clock, ids)
+        part["ids"].update(ids)
+        part["skip"] = part["skip"] or bool(message.get("skip"))
+        if part["lowest"] is None or worker < part["lowest"]:
+            part["lowest"], part["hyper"] = worker, message["use_hyper"]
+        for cid, g in message["grads"].items():
+            g = from_wire(g)
+            part["grads"][cid] = part["grads"][cid] + g if cid in part["grads"] else g
+        self.record(worker, self.delay_of(message))
+        self.close_task_rounds()
+
+    def close_task_rounds(self) -> None:
+        total = self.spec.tasks_per_clock
+        while len(self.clock_parts.get(self.rounds.applied, {}).get("ids", ())) == total:
+            part = self.clock_parts.pop(self.rounds.applied)
+            if part["skip"]:
+                self.stats["skipped"] += 1
+            else:
+                self.use_hyper(part["hyper"])
+                self.apply({cid: g / total for cid, g in part["grads"].items()}, 1.0)
+            self.stats["tasks_applied"] += total
+            self.rounds.applied += 1
 
     def use_hyper(self, groups: list) -> None:
         """Give the local optimizer's groups the values of the workers' ``groups``."""
@@ -367,13 +465,18 @@ class Session:
         self.pulls = waiting
 
     def blocked_on(self, worker: int, after: int) -> str:
+        if self.spec.name in policies.TASK_POLICIES:
+            have = len(self.clock_parts.get(self.rounds.applied, {}).get("ids", ()))
+            return (f"policy {self.spec.name!r}: clock {self.rounds.applied} has "
+                    f"{have} of {self.spec.tasks_per_clock} tasks after {self.timeout_s:.1f} s "
+                    f"(a worker dead or stuck?)")
         if self.spec.name in policies.ROUND_POLICIES:
             missing = self.rounds.missing(self.active())
             return (f"policy {self.spec.name!r}: round {self.rounds.applied} still waits for "
                     f"workers {missing} after {self.timeout_s:.1f} s (dead or stuck?)")
         behind = [w for w in self.active()
                   if self.pushes[worker] - self.pushes[w] > self.spec.staleness]
-        return (f"policy 'ssp' (staleness {self.spec.staleness}): worker {worker} waited "
+        return (f"policy {self.spec.name!r} (staleness {self.spec.staleness}): worker {worker} waited "
                 f"{self.timeout_s:.1f} s for workers {behind} to catch up (dead or stuck?)")
 
     def answer_joins(self, now: float) -> None:
@@ -382,7 +485,7 @@ class Session:
         missing = self.active()
         if missing:
             silent = [w for w in missing if now - self.server.last_seen[w] > self.timeout_s]
-            if silent and self.spec.name not in policies.ROUND_POLICIES:
+            if silent and self.spec.name not in policies.ROUND_POLICIES + policies.TASK_POLICIES:
                 print(f"ripples.ps server {self.server.index}: workers {silent} silent for "
                       f"{self.timeout_s:.1f} s, continuing without them", file=sys.stderr)
                 self.dead.update(silent)
@@ -408,7 +511,11 @@ class Session:
         self.stats["bytes_out"] += wire_nbytes(arrays.values())
         message = {"rid": rid, "params": arrays, "versions": dict(self.versions),
                    "rounds": self.rounds.applied, "pushes": self.pushes[worker],
+                   "total_pushes": sum(self.pushes),
                    "applied_mine": self.applied_from[worker], **extra}
+        if self.controller is not None:
+            message["plan"] = (self.controller.version,
+                               casp.labels(self.controller.plan, self.num_workers))
         self.server.reply(worker, message, self.delay_s)
 
     def snapshot(self) -> dict:
@@ -418,4 +525,16 @@ class Session:
         stats["applied_per_worker"] = list(self.applied_from)
         stats["versions"] = dict(self.versions)
         stats["dead"] = sorted(self.dead)
+        if self.controller is not None:
+            stats["communities"] = [list(c) for c in self.controller.plan]
+            stats["plan_version"] = self.controller.version
+            stats["plan_history"] = [(v, [list(c) for c in p]) for v, p in self.controller.history]
+            stats["speed_ema_s"] = dict(self.controller.times)
+        if self.board is not None:
+            stats["tasks"] = {key: (list(value) if isinstance(value, list) else value)
+                              for key, value in self.board.stats.items()}
+            stats["task_time_ema_s"] = dict(self.board.task_time)
+            stats["task_accounting"] = {
+                c: {"claimed": dict(t.claimed), "done": sorted(t.done)}
+                for c, t in self.board.clocks.items()}
         return stats

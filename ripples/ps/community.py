@@ -1,0 +1,153 @@
+"""The worker's side of CASP: one community round per ``step()``.
+
+A round, on every member of the worker's community (``casp.py`` holds the plan logic):
+
+1. P-Reduce (``partial_allreduce``, Average) of the gradients over the community, together
+   with a small float64 vector carrying each member's compute time per step (EMA) and a
+   skip flag (a GradScaler found inf/NaN on some member: the round is not applied).
+2. The leader (lowest-numbered member) pushes the averaged gradient once, with the members
+   and their times, and pulls the parameters once. Server 0's answer carries the current
+   plan of communities.
+3. P-Reduce (Sum) of the parameters, the non-leaders contributing zeros: every member gets
+   the leader's copy, with the chunk versions, the plan, the servers' count of all pushes
+   and an error flag (so a leader that fails makes its whole community raise instead of
+   wait).
+4. A new plan is adopted by the whole community at once, after this round.
+
+A community of one runs no collective. Both collectives run on the communicator cache of
+``ripples.ops`` (the community's ranks in the workers' runtime, which are worker indices).
+A member that dies or stalls makes the others' P-Reduce raise ``RipplesTimeoutError``
+naming it within the runtime's ``timeout_s``; other communities do not wait for it (unless
+a staleness bound makes their pulls wait for its rounds, then their pulls fail after the
+servers' timeout).
+
+Parameters without a gradient on a member count as zero in the community's average, and
+every chunk is pushed (unlike the other policies, which leave such chunks out).
+"""
+from __future__ import annotations
+
+import time
+from typing import List
+
+import torch
+
+from .. import runtime
+from ..errors import RipplesError
+from ..ops.partial import grouped_partial_allreduce_
+from ..reduce_ops import ReduceOp
+from . import casp
+
+
+class CommunityStep:
+    """Community rounds for one ``PSOptimizer`` (``policy="casp"``)."""
+
+    @staticmethod
+    def check_runtime(num_workers: int) -> None:
+        """Raise RipplesError unless the runtime's world is the workers (PS mode)."""
+        if not runtime.is_initialized() or runtime.current().size != num_workers:
+            raise RipplesError("policy='casp' needs ripples initialized in parameter-server "
+                               "mode (ripples.torch.init with ps_servers=K): communities "
+                               "average gradients with partial_allreduce among the workers")
+
+    def __init__(self, ps):
+        self.ps = ps
+        spec = ps.spec
+        self.num_workers = spec.num_workers
+        count = None if spec.communities == "auto" else spec.communities
+        self.plan_version = 0
+        self.plan = casp.contiguous(self.num_workers, count or 1)
+        self.time_ema = None
+        self.last_end = time.monotonic()
+        self.rounds = 0
+        self.stats = {"rounds": 0, "collective_s": 0.0, "plans": [(0, self.plan)],
+                      "bytes_pushed_per_community": {}, "bytes_pulled_per_community": {}}
+
+    @property
+    def members(self) -> tuple:
+        return next(c for c in self.plan if self.ps.worker in c)
+
+    def step(self, skip: bool) -> None:
+        ps = self.ps
+        self.time_ema = casp.ema(self.time_ema, time.monotonic() - self.last_end)
+        members = self.members
+        leader = members[0]
+        grads = [p.grad.detach() if p.grad is not None else torch.zeros_like(p)
+                 for p in ps.params]
+        control = torch.zeros(self.num_workers + 1, dtype=torch.float64)
+        control[ps.worker] = self.time_ema
+        control[-1] = float(skip)
+        self._reduce(grads + [control], members, ReduceOp.AVERAGE)
+        control *= len(members)
+        times = {w: float(control[w]) for w in members}
+        error = None
+        if ps.worker == leader:
+            for p, g in zip(ps.params, grads):
+                p.grad = g
+            before = (ps.stats_pushed(), ps.stats_pulled())
+            try:
+                ps.push_and_pull(control[-1].item() > 0, {
+                    "members": list(members), "plan": self.plan_version, "times": times})
+            except RipplesError as exc:
+                error = exc
+            self._count_traffic(members, before)
+        else:
+            ps.clock += 1
+        wire = self._broadcast(members, leader, error)
+        self.stats["rounds"] += 1
+        self.last_end = time.monotonic()
+        if error is not None:
+            raise error
+        if wire is not None and wire[1] > 0:
+            raise RipplesError(f"community {list(members)}: its leader, worker {leader}, failed "
+                               f"to push or pull (its own error says why)")
+        if wire is not None:
+            self._adopt(int(wire[0]), [int(v) for v in wire[2:2 + self.num_workers]])
+
+    def _reduce(self, tensors: List[torch.Tensor], members: tuple, op) -> None:
+        if len(members) > 1:
+            began = time.monotonic()
+            grouped_partial_allreduce_(tensors, members, op)
+            self.stats["collective_s"] += time.monotonic() - began
+
+    def _broadcast(self, members: tuple, leader: int, error):
+        """Leader's parameters, versions and plan to every member; returns the control
+        vector (None for a community of one, whose leader read the plan itself)."""
+        ps = self.ps
+        cids = [c.cid for c in ps.map.chunks]
+        control = torch.zeros(3 + self.num_workers + len(cids), dtype=torch.float64)
+        if ps.worker == leader:
+            version, labels = ps.last_plan or (self.plan_version,
+                                               casp.labels(self.plan, self.num_workers))
+            control[0] = version
+            control[1] = float(error is not None)
+            control[2:2 + self.num_workers] = torch.tensor(labels, dtype=torch.float64)
+            control[2 + self.num_workers:-1] = torch.tensor([ps.versions[c] for c in cids],
+                                                            dtype=torch.float64)
+            control[-1] = ps.total_pushes
+        if len(members) == 1:
+            return control
+        params = [p.data for p in ps.params]
+        if ps.worker != leader:
+            with torch.no_grad():
+                for p in params:
+                    p.zero_()
+        self._reduce(params + [control], members, ReduceOp.SUM)
+        if ps.worker != leader:
+            for i, cid in enumerate(cids):
+                ps.versions[cid] = int(control[2 + self.num_workers + i])
+            ps.total_pushes = int(control[-1])
+        return control
+
+    def _adopt(self, version: int, labels: List[int]) -> None:
+        if version > self.plan_version:
+            self.plan_version = version
+            self.plan = casp.from_labels(labels)
+            self.stats["plans"].append((version, self.plan))
+
+    def _count_traffic(self, members: tuple, before) -> None:
+        key = ",".join(map(str, members))
+        pushed, pulled = self.ps.stats_pushed() - before[0], self.ps.stats_pulled() - before[1]
+        per = self.stats["bytes_pushed_per_community"]
+        per[key] = per.get(key, 0) + pushed
+        per = self.stats["bytes_pulled_per_community"]
+        per[key] = per.get(key, 0) + pulled

@@ -1,0 +1,214 @@
+"""Micro-batch tasks of a clock, who computes them, and exactly-once accounting (pure).
+
+Used by the elastic-parallelism policy (EPSP, ``epsp.py``) and by the FlexRR-lite baseline
+(``flexrr.py``); the parameter server 0 keeps the ``TaskBoard`` and answers claims, so every
+claim is decided in one place, one message at a time.
+
+The global batch of clock ``c`` is cut into ``tasks_per_clock`` tasks ``(c, j)``. When a
+clock opens, its task ids are dealt to the workers as consecutive runs by the current
+*shares*. A worker claims its own tasks from the front of its queue before it starts each;
+when its queue is empty and it would block (the staleness gate does not let it start its
+next clock), it may *steal* the last unclaimed task of another worker's queue. A task is
+claimed at most once, by construction: a claim and a steal of the same task are two
+messages to the same server, and the second finds it gone. A push names the tasks whose
+gradients it carries; ``complete`` refuses a task that the pusher did not claim or that
+was already completed. A clock is complete when all of its tasks are.
+
+Choices where the published description is silent, and why:
+
+- Time per task is the worker's own measurement (between two of its tasks' starts, so
+  waiting is excluded), smoothed by an EMA; a worker never measured counts as the mean of
+  the measured ones (or 1 s when none is).
+- *Straggler projection*: a worker's projected remaining time in a clock is its unclaimed
+  tasks times its time per task. A steal happens only when the victim's projection exceeds
+  the pioneer's time for one task by the threshold, i.e. when moving the task shortens the
+  clock; the victim is the worker with the largest projection (``rule="projection"``).
+  FlexRR-lite uses ``rule="most_remaining"`` instead: the worker with the most unclaimed
+  tasks, any time it has more than one, without time measurements.
+- *Rebalancing*: shares are proportional to speed (1 / time per task) by the largest
+  remainder method, at least one task per worker so that every worker stays measured; the
+  sum stays ``tasks_per_clock``, so the global batch per clock is constant.
+- Clocks are opened in order, each with the shares current when it opens.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
+
+EMA_ALPHA = 0.3
+RULES = ("projection", "most_remaining")
+
+Task = Tuple[int, int]
+
+
+def proportional_shares(speeds: Sequence[float], total: int, minimum: int = 1) -> List[int]:
+    """Integers summing to ``total``, proportional to ``speeds`` (largest remainder), each at
+    least ``minimum``. Raises ValueError if ``total < minimum * len(speeds)``."""
+    n = len(speeds)
+    if total < minimum * n:
+        raise ValueError(f"tasks_per_clock={total} cannot give {n} workers {minimum} each")
+    spare = total - minimum * n
+    weight = sum(speeds)
+    exact = [spare * s / weight if weight > 0 else spare / n for s in speeds]
+    shares = [int(e) for e in exact]
+    order = sorted(range(n), key=lambda w: (-(exact[w] - shares[w]), w))
+    for w in order[: spare - sum(shares)]:
+        shares[w] += 1
+    return [minimum + s for s in shares]
+
+
+def deal(shares: Sequence[int]) -> List[List[int]]:
+    """Task ids ``0..sum-1`` as consecutive runs, run ``w`` of length ``shares[w]``."""
+    out, start = [], 0
+    for share in shares:
+        out.append(list(range(start, start + share)))
+        start += share
+    return out
+
+
+@dataclasses.dataclass
+class ClockTasks:
+    """One clock's tasks: unclaimed queues per worker, claims and completions."""
+
+    queues: List[Deque[int]]
+    claimed: Dict[int, int] = dataclasses.field(default_factory=dict)
+    done: Set[int] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class TaskBoard:
+    """Shares, per-worker time per task and the open clocks (see the module docstring)."""
+
+    num_workers: int
+    tasks_per_clock: int
+    staleness: int
+    rebalance_every: Optional[int]
+    rule: str = "projection"
+    threshold: float = 0.2
+    shares: List[int] = dataclasses.field(default_factory=list)
+    task_time: Dict[int, float] = dataclasses.field(default_factory=dict)
+    clocks: Dict[int, ClockTasks] = dataclasses.field(default_factory=dict)
+    opened: int = 0
+    stats: Dict[str, object] = dataclasses.field(default_factory=lambda: {
+        "transfers": 0, "claims": 0, "rebalances": 0, "shares_log": [], "transfer_log": []})
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"rule must be one of {list(RULES)}, got {self.rule!r}")
+        if not self.shares:
+            self.shares = proportional_shares([1.0] * self.num_workers, self.tasks_per_clock)
+
+
+def observe(board: TaskBoard, worker: int, seconds: float) -> None:
+    """Record that ``worker`` took ``seconds`` for one task."""
+    previous = board.task_time.get(worker)
+    board.task_time[worker] = seconds if previous is None else \
+        (1 - EMA_ALPHA) * previous + EMA_ALPHA * seconds
+
+
+def time_per_task(board: TaskBoard, worker: int) -> float:
+    if worker in board.task_time:
+        return board.task_time[worker]
+    known = list(board.task_time.values())
+    return sum(known) / len(known) if known else 1.0
+
+
+def open_through(board: TaskBoard, clock: int) -> None:
+    """Open every clock up to ``clock``, rebalancing every ``rebalance_every`` clocks."""
+    while board.opened <= clock:
+        c = board.opened
+        if board.rebalance_every and c > 0 and c % board.rebalance_every == 0 \
+                and len(board.task_time) == board.num_workers:
+            speeds = [1 / time_per_task(board, w) for w in range(board.num_workers)]
+            board.shares = proportional_shares(speeds, board.tasks_per_clock)
+            board.stats["rebalances"] += 1
+        board.stats["shares_log"].append((c, list(board.shares)))
+        board.clocks[c] = ClockTasks([collections.deque(run) for run in deal(board.shares)])
+        board.opened += 1
+
+
+def claim(board: TaskBoard, worker: int, clock: int) -> Optional[Task]:
+    """The next task of ``worker``'s own share of ``clock``, or None when its share is
+    claimed (by it or by others)."""
+    open_through(board, clock)
+    tasks = board.clocks[clock]
+    if not tasks.queues[worker]:
+        return None
+    j = tasks.queues[worker].popleft()
+    tasks.claimed[j] = worker
+    board.stats["claims"] += 1
+    return clock, j
+
+
+def projected_remaining(board: TaskBoard, clock: int) -> List[float]:
+    """Straggler projection: each worker's unclaimed tasks in ``clock`` times its time per
+    task."""
+    queues = board.clocks[clock].queues
+    return [len(q) * time_per_task(board, w) for w, q in enumerate(queues)]
+
+
+def steal(board: TaskBoard, worker: int, clock: int, rounds_complete: int) -> Optional[Task]:
+    """A task moved to ``worker``, which has claimed its share of ``clock`` and would block:
+    it may start clock ``clock + 1`` only once ``rounds_complete >= clock + 1 - staleness``.
+    Returns None when it would not block or no move shortens a blocking clock."""
+    open_through(board, clock)
+    for c in range(rounds_complete, clock + 1 - board.staleness):
+        victim = _victim(board, worker, c)
+        if victim is not None:
+            tasks = board.clocks[c]
+            j = tasks.queues[victim].pop()
+            tasks.claimed[j] = worker
+            board.stats["transfers"] += 1
+            board.stats["transfer_log"].append((c, j, victim, worker))
+            return c, j
+    return None
+
+
+def _victim(board: TaskBoard, worker: int, clock: int) -> Optional[int]:
+    queues = board.clocks[clock].queues
+    others = [w for w in range(board.num_workers) if w != worker and queues[w]]
+    if not others:
+        return None
+    if board.rule == "most_remaining":
+        victim = max(others, key=lambda w: (len(queues[w]), -w))
+        return victim if len(queues[victim]) > 1 else None
+    remaining = projected_remaining(board, clock)
+    victim = max(others, key=lambda w: (remaining[w], -w))
+    if remaining[victim] > (1 + board.threshold) * time_per_task(board, worker):
+        return victim
+    return None
+
+
+def complete(board: TaskBoard, worker: int, clock: int, ids: Sequence[int]) -> bool:
+    """Mark ``worker``'s computed tasks of ``clock`` done; True when the clock is complete.
+
+    Raises ValueError naming the task when one was not claimed by ``worker`` or was
+    already completed (it would be applied twice).
+    """
+    tasks = board.clocks.get(clock)
+    if tasks is None:
+        raise ValueError(f"worker {worker} completed tasks of clock {clock}, never opened")
+    for j in ids:
+        if tasks.claimed.get(j) != worker:
+            raise ValueError(f"task ({clock}, {j}) completed by worker {worker} but claimed by "
+                             f"{tasks.claimed.get(j)!r}")
+        if j in tasks.done:
+            raise ValueError(f"task ({clock}, {j}) completed twice (worker {worker})")
+        tasks.done.add(j)
+    return len(tasks.done) == board.tasks_per_clock
+
+
+def stragglers(finish: Sequence[float], threshold: float) -> List[int]:
+    """Workers whose projected finish exceeds the median of the others' by more than
+    ``threshold`` (a fraction)."""
+    out = []
+    for w, mine in enumerate(finish):
+        others = sorted(f for v, f in enumerate(finish) if v != w)
+        if not others:
+            continue
+        middle = len(others) // 2
+        median = others[middle] if len(others) % 2 else (others[middle - 1] + others[middle]) / 2
+        if mine > (1 + threshold) * median:
+            out.append(w)
+    return out
