@@ -1,0 +1,164 @@
+"""CASP (communities) under mpiexec with 1 server.
+
+Usage: mpi_ps_casp.py equivalence   (5 ranks: 4 workers) C=1 is BSP step by step; C=n is
+                                     ASP; regrouping from measured speeds loses and repeats
+                                     no update (checksum) and finds the two speed classes
+       mpi_ps_casp.py failure       (4 ranks: 3 workers, communities (0,) and (1, 2)):
+                                     worker 2 stalls, worker 1 gets a timeout naming it,
+                                     worker 0 keeps training alone
+"""
+import sys
+import time
+
+import torch
+
+from mpi_ps_common import check, run, small_model
+from ripples.config import Config
+from ripples.errors import RipplesTimeoutError
+from ripples.ps.optimizer import PSOptimizer
+from ripples.startup import init
+
+
+def start(timeout_s):
+    rt = init(config=Config(ps_servers=1, timeout_s=timeout_s))
+    return rt.ps
+
+
+def one_community_is_bsp(context):
+    worker = context.worker
+    models = [small_model(seed=worker) for _ in range(2)]
+    opts = [PSOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), m.named_parameters(),
+                        context, timeout_s=20, **kw)
+            for m, kw in zip(models, ({"policy": "casp", "communities": 1}, {"policy": "bsp"}))]
+    gen = torch.Generator().manual_seed(100 + worker)
+    for step in range(5):
+        x, y = torch.randn(5, 8, generator=gen), torch.randint(0, 3, (5,), generator=gen)
+        for m, o in zip(models, opts):
+            m.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+        for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+            check(torch.allclose(p, q, atol=1e-6, rtol=1e-5),
+                  f"C=1 vs BSP step {step} {name}: max diff {(p - q).abs().max().item()}")
+    for o in opts:
+        o.join()
+    casp, bsp = (o.metrics() for o in opts)
+    check(casp["communities"] == [[0, 1, 2, 3]], f"one community: {casp['communities']}")
+    pushed = context.worker_comm.allgather(casp["bytes_pushed"])
+    bsp_pushed = context.worker_comm.allgather(bsp["bytes_pushed"])
+    check(pushed[1:] == [0, 0, 0] and pushed[0] == bsp_pushed[0],
+          f"only the leader pushes, as much as one BSP worker: {pushed} vs {bsp_pushed}")
+    check(casp["server_load"][0]["updates"] == 5, "one update per round")
+
+
+def one_community_each_is_asp(context):
+    """Integer gradients and lr=1: the final parameters are exact under any arrival order."""
+    worker, workers = context.worker, context.num_workers
+    finals, pushed = [], []
+    for kw in ({"policy": "casp", "communities": workers}, {"policy": "asp"}):
+        param = torch.nn.Parameter(torch.zeros(6))
+        ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context,
+                         timeout_s=20, **kw)
+        for step in range(4 + worker):
+            time.sleep(0.002 * (worker + 1))
+            param.grad = torch.full((6,), float((worker + 1) * (step + 1)))
+            ps.step()
+        ps.join()
+        m = ps.metrics()
+        finals.append(param.detach().clone())
+        pushed.append(m["bytes_pushed"])
+        if kw["policy"] == "casp":
+            check(m["community"]["collective_s"] == 0.0, "a community of one runs no collective")
+            check(m["server_load"][0]["updates"] == sum(4 + w for w in range(workers)),
+                  "every push applied on arrival")
+    expected = -sum((w + 1) * (s + 1) for w in range(workers) for s in range(4 + w))
+    check(torch.equal(finals[0], torch.full((6,), float(expected))), f"C=n final {finals[0]}")
+    check(torch.equal(finals[0], finals[1]) and pushed[0] == pushed[1],
+          f"C=n and ASP: {finals}, pushed {pushed}")
+
+
+def regrouping_keeps_every_update(context):
+    """Speeds {fast, fast, slow, slow}: communities start as one, are re-formed from the
+    measured speeds, and the servers apply exactly the updates the communities made."""
+    worker, workers = context.worker, context.num_workers
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
+    ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context,
+                     timeout_s=20, policy="casp", communities="auto", regroup_every=2)
+    share = torch.zeros(5, dtype=torch.float64)  # this worker's part of what was applied
+    rounds = 0
+    began = time.monotonic()
+    while time.monotonic() - began < 3.0 or rounds < 8:
+        time.sleep(0.02 if worker < 2 else 0.06)
+        param.grad = torch.arange(1, 6, dtype=torch.float64) * (worker + 1) + rounds
+        members = len(ps.community.members)
+        ps.step()
+        share += param.grad / members  # the community's average, split among its members
+        rounds += 1
+        if rounds >= 200:
+            break
+    ps.join()
+    m = ps.metrics()
+    total = sum(context.worker_comm.allgather(share))
+    check(torch.allclose(param.detach(), -total, rtol=0, atol=1e-9),
+          f"checksum: servers hold {param.tolist()}, the communities pushed {(-total).tolist()}")
+    check(m["community"]["plans"][-1][1] == [[0, 1], [2, 3]],
+          f"sort-and-cut finds the speed classes: {m['community']['plans']}")
+    check(m["server_load"][0]["plan_version"] >= 1, "at least one regrouping happened")
+    check(m["community"]["rounds"] == rounds, "one round per step")
+    if worker == 0:
+        print(f"casp plans {m['community']['plans']} rounds/worker "
+              f"{context.worker_comm.allgather(rounds)}", flush=True)
+    else:
+        context.worker_comm.allgather(rounds)
+
+
+def equivalence():
+    context = start(20.0)
+    one_community_is_bsp(context)
+    one_community_each_is_asp(context)
+    regrouping_keeps_every_update(context)
+    if context.worker == 0:
+        print("casp equivalence OK", flush=True)
+
+
+def failure():
+    timeout = 2.0
+    context = start(timeout)
+    worker = context.worker
+    param = torch.nn.Parameter(torch.zeros(4))
+    ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context,
+                     timeout_s=timeout, policy="casp", communities=2, regroup_every=10_000)
+    check([list(c) for c in ps.community.plan] == [[0], [1, 2]], f"plan {ps.community.plan}")
+    for _ in range(2):
+        param.grad = torch.ones(4)
+        ps.step()
+    if worker == 2:
+        time.sleep(timeout + 1.5)  # stalls; never makes its third step
+    elif worker == 1:
+        began = time.monotonic()
+        try:
+            param.grad = torch.ones(4)
+            ps.step()
+            check(False, "a stalled member must make its community fail")
+        except RipplesTimeoutError as exc:
+            waited = time.monotonic() - began
+            check("[2]" in str(exc) and "partial_allreduce" in str(exc), f"names worker 2: {exc}")
+            check(waited < timeout + 3, f"error after {waited:.1f} s")
+    else:
+        steps = 0
+        began = time.monotonic()
+        while time.monotonic() - began < timeout + 1:
+            param.grad = torch.ones(4)
+            ps.step()
+            steps += 1
+            time.sleep(0.01)
+        check(steps > 20, f"the other community carries on: {steps} steps during the stall")
+    ps.join()
+    if worker == 0:
+        m = ps.metrics()
+        print(f"casp failure OK: worker 0 pushed {m['server_load'][0]['pushes_per_worker']}",
+              flush=True)
+
+
+run({"equivalence": equivalence, "failure": failure}[sys.argv[1]])

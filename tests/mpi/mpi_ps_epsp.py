@@ -1,0 +1,83 @@
+"""EPSP and FlexRR-lite tasks under mpiexec (1 server + 3 workers; worker 2 is 5x slow).
+
+Usage: mpi_ps_epsp.py
+
+The loss is linear in the parameters, so a task's gradient is the mean of its samples
+whatever parameters it was computed on: the servers' final parameters are then exact
+functions of which tasks were applied, and a task lost or applied twice shows. Every
+worker computes the expected parameters itself from the task ids (``TaskSampler.indices``).
+"""
+import time
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from mpi_ps_common import begin, check, run
+from ripples.ps import TaskSampler
+from ripples.ps.optimizer import PSOptimizer
+
+SAMPLES, MICRO, TASKS, CLOCKS = 50, 4, 18, 8
+
+
+def data():
+    gen = torch.Generator().manual_seed(7)
+    return torch.randint(-4, 5, (SAMPLES, 3), generator=gen).double()
+
+
+def session(context, policy, staleness, **kw):
+    worker = context.worker
+    x = data()
+    param = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    ps = PSOptimizer(torch.optim.SGD([param], lr=0.5), [("w", param)], context, policy=policy,
+                     staleness=staleness, tasks_per_clock=TASKS, timeout_s=20, **kw)
+    sampler = TaskSampler(ps, SAMPLES, MICRO, seed=3)
+    loader = DataLoader(TensorDataset(x), batch_sampler=sampler)
+    expected = torch.zeros(3, dtype=torch.float64)
+    for clock in range(CLOCKS):
+        for (batch,) in loader:
+            time.sleep(0.05 if worker == 2 else 0.01)
+            (batch @ param).mean().backward()
+        ps.step()
+        step_grad = sum(x[sampler.indices(clock, j)].mean(0) for j in range(TASKS)) / TASKS
+        expected -= 0.5 * step_grad
+        if staleness == 0:
+            check(torch.allclose(param.detach(), expected, rtol=0, atol=1e-12),
+                  f"{policy} s=0 clock {clock}: {param.tolist()} != {expected.tolist()}")
+    ps.join()
+    check(torch.allclose(param.detach(), expected, rtol=0, atol=1e-12),
+          f"{policy} s={staleness} final: {param.tolist()} != {expected.tolist()}")
+    m = ps.metrics()
+    logs = context.worker_comm.allgather(m["tasks"]["task_log"])
+    everything = sorted(t for log in logs for t in log)
+    check(everything == [(c, j) for c in range(CLOCKS) for j in range(TASKS)],
+          f"every task computed exactly once: {everything}")
+    board = m["task_board"]
+    check(m["server_load"][0]["tasks_applied"] == CLOCKS * TASKS, "all tasks applied")
+    for c, accounting in m["server_load"][0]["task_accounting"].items():
+        if c < CLOCKS:
+            check(accounting["done"] == list(range(TASKS)), f"clock {c}: {accounting}")
+    return board, m
+
+
+def main():
+    context, worker, workers = begin(1, timeout_s=20)
+    check(workers == 3, "run with 4 ranks")
+    results = {}
+    for policy, staleness, kw in (("epsp", 0, {"rebalance_every": 4}),
+                                  ("epsp", 2, {"rebalance_every": 4}),
+                                  ("flexrr", 2, {})):
+        board, m = session(context, policy, staleness, **kw)
+        results[(policy, staleness)] = board
+    epsp0 = results[("epsp", 0)]
+    shares = epsp0["shares_log"][-1][1]
+    check(shares[2] < shares[0] and shares[2] < shares[1] and sum(shares) == TASKS,
+          f"rebalanced shares follow speed: {epsp0['shares_log']}")
+    check(epsp0["transfers"] > 0, f"tasks moved from the slow worker: {epsp0}")
+    flexrr = results[("flexrr", 2)]
+    check(all(s == [6, 6, 6] for _, s in flexrr["shares_log"]), "FlexRR-lite keeps equal shares")
+    if worker == 0:
+        print(f"epsp OK transfers s=0 {epsp0['transfers']} s=2 {results[('epsp', 2)]['transfers']}"
+              f" flexrr {flexrr['transfers']} shares {shares}", flush=True)
+
+
+run(main)

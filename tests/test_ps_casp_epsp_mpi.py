@@ -1,0 +1,24 @@
+"""CASP communities and EPSP/FlexRR-lite tasks under mpiexec (1 server; scripts in
+``tests/mpi`` check themselves on every worker and abort the job on failure)."""
+import sys
+
+from mpi_launch import TESTS_DIR, run_mpi
+
+
+def script(name, *args):
+    return [sys.executable, str(TESTS_DIR / "mpi" / name), *map(str, args)]
+
+
+def test_casp_one_community_is_bsp_one_each_is_asp_and_regrouping_keeps_every_update():
+    out = run_mpi(script("mpi_ps_casp.py", "equivalence"), 5, timeout=150).stdout
+    assert "casp equivalence OK" in out
+
+
+def test_casp_stalled_member_fails_its_community_and_the_other_continues():
+    out = run_mpi(script("mpi_ps_casp.py", "failure"), 4, timeout=90).stdout
+    assert "casp failure OK" in out
+
+
+def test_epsp_and_flexrr_apply_every_task_exactly_once_with_transfers():
+    out = run_mpi(script("mpi_ps_epsp.py"), 4, timeout=150).stdout
+    assert "epsp OK" in out

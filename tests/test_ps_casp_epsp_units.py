@@ -1,0 +1,202 @@
+"""Pure logic of CASP (communities, sort-and-cut, controller) and of the EPSP/FlexRR task
+board (shares, claims, transfers, exactly-once accounting), no processes."""
+import random
+
+import pytest
+
+from ripples.ps import casp
+from ripples.ps import policies as po
+from ripples.ps import tasks as tk
+
+
+def test_sort_and_cut_recovers_two_speed_classes_wherever_they_sit():
+    rng = random.Random(5)
+    for _ in range(20):
+        speeds = [1, 1, 1, 1, 1 / 3, 1 / 3, 1 / 3, 1 / 3]
+        rng.shuffle(speeds)
+        times = [1 / s * rng.uniform(0.97, 1.03) for s in speeds]  # measured, with noise
+        slow = tuple(w for w, s in enumerate(speeds) if s < 1)
+        fast = tuple(w for w, s in enumerate(speeds) if s == 1)
+        assert set(casp.choose(times)) == {fast, slow}
+        assert set(casp.sort_and_cut(times, 2)) == {fast, slow}
+
+
+def test_choose_keeps_equal_workers_together_and_isolates_a_slow_one():
+    assert casp.choose([1.0] * 8) == (tuple(range(8)),)  # homogeneous: BSP
+    assert casp.choose([1, 1, 1, 3, 1, 1, 1, 1]) == ((0, 1, 2, 4, 5, 6, 7), (3,))
+
+
+def test_sort_and_cut_extremes_and_bad_counts():
+    times = [3.0, 1.0, 2.0]
+    assert casp.sort_and_cut(times, 1) == ((0, 1, 2),)
+    assert casp.sort_and_cut(times, 3) == ((0,), (1,), (2,))
+    assert casp.sort_and_cut([1.0] * 6, 2) == ((0, 1, 2), (3, 4, 5))  # ties: even sizes
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="communities"):
+            casp.sort_and_cut(times, bad)
+
+
+def test_projection_prefers_communities_over_bsp_and_asp_for_two_classes():
+    times = [1, 1, 1, 1, 3, 3, 3, 3]
+    two = casp.sort_and_cut(times, 2)
+    one, each = casp.sort_and_cut(times, 1), casp.sort_and_cut(times, 8)
+    assert casp.projected_score(times, two) > casp.projected_score(times, one)
+    assert casp.projected_score(times, two) > casp.projected_score(times, each)
+    # The traffic penalty alone: for equal workers, ASP's score is its progress cut by
+    # 10% (one push per batch), BSP's by 10% / 8 (one push per 8 batches).
+    ones = [1.0] * 8
+    assert casp.projected_score(ones, casp.sort_and_cut(ones, 1)) == pytest.approx(8 * (1 - 0.1 / 8))
+
+
+def test_controller_regroups_only_after_every_community_made_its_rounds():
+    state = casp.Controller(num_workers=4, count=None, regroup_every=2)
+    assert state.plan == ((0, 1, 2, 3),) and state.version == 0
+    times = {0: 0.1, 1: 0.1, 2: 0.3, 3: 0.3}
+    casp.observe(state, 0, (0, 1, 2, 3), times)
+    assert not casp.regroup(state)  # one round of two
+    casp.observe(state, 0, (0, 1, 2, 3), times)
+    assert casp.regroup(state)
+    assert state.plan == ((0, 1), (2, 3)) and state.version == 1
+    for _ in range(5):  # only the fast community pushes: no decision yet
+        casp.observe(state, 1, (0, 1), times)
+    casp.observe(state, 0, (0, 1, 2, 3), times)  # a late push under the old plan counts not
+    assert not casp.regroup(state) and state.version == 1
+    casp.observe(state, 1, (2, 3), times)
+    casp.observe(state, 1, (2, 3), times)
+    assert not casp.regroup(state) and state.version == 1  # same plan: not re-issued
+    assert state.rounds == {}
+    fixed = casp.Controller(num_workers=4, count=3, regroup_every=1)
+    assert fixed.plan == ((0,), (1,), (2, 3))  # bounds 4k//3 = 0, 1, 2, 4
+
+
+def test_plan_wire_form_round_trips():
+    plan = ((0, 3), (1,), (2, 4, 5))
+    assert casp.from_labels(casp.labels(plan, 6)) == plan
+
+
+@pytest.mark.parametrize("speeds,total,expected", [
+    ([1, 1, 1], 9, [3, 3, 3]),
+    ([3, 1], 8, [6, 2]),
+    # one each, then 16 spare: 2.18 per fast worker, 0.73 for the slow one; the two
+    # leftover tasks go to the largest remainders (0.73, then worker 0's 0.18)
+    ([1, 1, 1, 1, 1, 1, 1, 1 / 3], 24, [4, 3, 3, 3, 3, 3, 3, 2]),
+    ([1] * 7 + [1 / 3], 44, [6, 6, 6, 6, 6, 6, 6, 2]),
+    ([100, 1, 1], 4, [2, 1, 1]),  # at least one task each
+])
+def test_shares_are_proportional_and_keep_the_global_batch(speeds, total, expected):
+    shares = tk.proportional_shares(speeds, total)
+    assert shares == expected and sum(shares) == total
+    with pytest.raises(ValueError, match="tasks_per_clock"):
+        tk.proportional_shares(speeds, len(speeds) - 1)
+
+
+def board(staleness=0, rule="projection"):
+    b = tk.TaskBoard(num_workers=2, tasks_per_clock=4, staleness=staleness,
+                     rebalance_every=None, rule=rule)
+    tk.observe(b, 0, 1.0)
+    tk.observe(b, 1, 3.0)  # worker 1 is a straggler
+    return b
+
+
+def test_transfer_race_the_straggler_claims_first():
+    b = board()
+    assert [tk.claim(b, 0, 0), tk.claim(b, 0, 0), tk.claim(b, 0, 0)] == [(0, 0), (0, 1), None]
+    assert tk.claim(b, 1, 0) == (0, 2)
+    assert tk.claim(b, 1, 0) == (0, 3)  # the straggler starts its last task first...
+    assert tk.steal(b, 0, 0, rounds_complete=0) is None  # ...so nothing is left to move
+    assert not tk.complete(b, 0, 0, [0, 1])
+    assert tk.complete(b, 1, 0, [2, 3])
+
+
+def test_transfer_race_the_pioneer_steals_first():
+    b = board()
+    tk.claim(b, 0, 0), tk.claim(b, 0, 0)
+    assert tk.claim(b, 1, 0) == (0, 2)
+    assert tk.steal(b, 0, 0, rounds_complete=0) == (0, 3)  # moved to the pioneer...
+    assert tk.claim(b, 1, 0) is None  # ...so the straggler's own claim finds it gone
+    with pytest.raises(ValueError, match=r"task \(0, 3\) completed by worker 1 but claimed by 0"):
+        tk.complete(b, 1, 0, [3])
+    assert not tk.complete(b, 1, 0, [2])
+    assert tk.complete(b, 0, 0, [0, 1, 3])
+    with pytest.raises(ValueError, match=r"task \(0, 3\) completed twice"):
+        tk.complete(b, 0, 0, [3])
+    assert b.stats["transfers"] == 1 and b.stats["transfer_log"] == [(0, 3, 1, 0)]
+
+
+def test_no_transfer_when_it_would_not_shorten_the_clock_or_nothing_blocks():
+    b = board()
+    tk.observe(b, 1, 1.0)
+    tk.observe(b, 1, 1.0)  # EMA 3 -> 2.4 -> 1.98 s, one task left
+    tk.claim(b, 0, 0), tk.claim(b, 0, 0), tk.claim(b, 1, 0)
+    assert tk.steal(b, 0, 0, 0) == (0, 3)  # 1.98 s projected > 1.2 x 1 s: worth it
+    b = board()
+    for w in (0, 0, 1):
+        tk.claim(b, w, 0)
+    for _ in range(4):
+        tk.observe(b, 1, 0.5)  # EMA 3 -> 2.25 -> 1.73 -> 1.36 -> 1.10 s
+    assert tk.steal(b, 0, 0, 0) is None  # 1.10 s does not exceed 1.2 x 1 s
+    tk.observe(b, 1, 3.0)  # 1.67 s: now it does
+    assert tk.steal(b, 0, 0, 0) == (0, 3)
+    b = board()
+    for w in (0, 0, 1):
+        tk.claim(b, w, 0)
+    tk.claim(b, 1, 0)  # the straggler's queue is empty
+    assert tk.steal(b, 0, 0, 0) is None
+    slack = board(staleness=1)
+    tk.claim(slack, 0, 0), tk.claim(slack, 0, 0), tk.claim(slack, 1, 0)
+    assert tk.steal(slack, 0, 0, rounds_complete=0) is None  # may start clock 1: no block
+    tk.claim(slack, 0, 1), tk.claim(slack, 0, 1)
+    assert tk.steal(slack, 0, 1, rounds_complete=0) == (0, 3)  # blocked on clock 0
+
+
+def test_flexrr_lite_moves_by_count_without_times():
+    b = tk.TaskBoard(num_workers=3, tasks_per_clock=6, staleness=0, rebalance_every=None,
+                     rule="most_remaining")
+    tk.claim(b, 0, 0), tk.claim(b, 0, 0), tk.claim(b, 2, 0)
+    assert tk.steal(b, 0, 0, 0) == (0, 3)  # worker 1 has two unclaimed, worker 2 one
+    assert tk.steal(b, 0, 0, 0) is None  # one left each: FlexRR-lite leaves it
+    with pytest.raises(ValueError, match="rule"):
+        tk.TaskBoard(num_workers=2, tasks_per_clock=2, staleness=0, rebalance_every=None,
+                     rule="random")
+
+
+def test_rebalancing_every_k_clocks_from_measured_times():
+    b = tk.TaskBoard(num_workers=2, tasks_per_clock=8, staleness=0, rebalance_every=2)
+    tk.observe(b, 0, 1.0)
+    tk.observe(b, 1, 3.0)
+    tk.open_through(b, 3)
+    assert [s for _, s in b.stats["shares_log"]] == [[4, 4], [4, 4], [6, 2], [6, 2]]
+    assert tk.stragglers([6.0, 2.0, 2.1], threshold=0.2) == [0]
+
+
+def test_policy_arguments_are_named_when_wrong():
+    assert po.make_spec("casp", 4).communities == "auto"
+    assert po.make_spec("epsp", 4).staleness == 0
+    assert po.make_spec("epsp", 4).tasks_per_clock == 16
+    cases = [
+        (dict(policy="casp", communities=0), "communities"),
+        (dict(policy="casp", communities=5), "communities"),
+        (dict(policy="casp", communities="learned"), "communities"),
+        (dict(policy="casp", regroup_every=0), "regroup_every"),
+        (dict(policy="epsp", staleness=-1), "staleness"),
+        (dict(policy="epsp", staleness=1.5), "staleness"),
+        (dict(policy="epsp", tasks_per_clock=3), "tasks_per_clock"),
+        (dict(policy="epsp", rebalance_every=0), "rebalance_every"),
+        (dict(policy="bsp", communities=2), "communities applies only"),
+        (dict(policy="flexrr", rebalance_every=2), "rebalance_every applies only"),
+        (dict(policy="asp", staleness=1), "staleness applies only"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            po.make_spec(num_workers=4, **kwargs)
+
+
+def test_pull_gates_of_the_new_policies():
+    epsp = po.make_spec("epsp", 3, staleness=2)
+    assert po.pull_ready(epsp, after_round=5, rounds_applied=3, own_pushes=0, active_pushes=[])
+    assert not po.pull_ready(epsp, after_round=5, rounds_applied=2, own_pushes=0, active_pushes=[])
+    free = po.make_spec("casp", 3)
+    assert po.pull_ready(free, 1, 0, own_pushes=50, active_pushes=[50, 0])
+    bounded = po.make_spec("casp", 3, staleness=1)
+    assert not po.pull_ready(bounded, 1, 0, own_pushes=3, active_pushes=[3, 1])
+    assert po.pull_ready(bounded, 1, 0, own_pushes=3, active_pushes=[3, 2])
