@@ -4,9 +4,10 @@
 A clock's global batch is ``tasks_per_clock`` micro-batches of ``micro_batch_size``
 samples (``tasks.py`` deals, moves and accounts for them on server 0). Iterating a
 ``TaskSampler`` yields the sample indices of the tasks this worker computes in its current
-clock: first its own share, claimed one at a time (the claim of the next task travels while
-the current one is computed), then, when its share is done and the staleness gate would
-block it, tasks moved to it from projected stragglers, one per round trip. Each time the
+clock: first its own share, claimed one at a time with ``PIPELINE`` claims in flight (the
+next claims travel while the current task is computed), then, once its share is claimed,
+tasks moved to it from projected stragglers (server 0 moves one only when the staleness
+gate would block the worker), also ``PIPELINE`` requests in flight, until one is refused. Each time the
 loop asks for the next task, the gradients accumulated in the parameters' ``.grad`` since
 the previous one are credited to the previous task (summed per clock, ``.grad`` reset to
 None). ``step()`` then pushes, per clock, the sum and the task ids; the servers apply a
@@ -24,12 +25,18 @@ forever; ``step()`` refuses to push in that case).
 """
 from __future__ import annotations
 
+import collections
 import time
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from ..errors import RipplesError
+
+# Requests kept in flight: a claim is a round trip to server 0, which with link latency
+# can take longer than a task; two in flight hide it (and keep at most two of a worker's
+# tasks claimed ahead of its computation, out of reach of transfers).
+PIPELINE = 2
 
 
 class TaskSampler:
@@ -101,39 +108,38 @@ class TaskRunner:
         self.finished = True  # nothing claimed yet
         self.task_s: Optional[float] = None
         self._began = 0.0
-        self.prefetched: Optional[Tuple[int, int]] = None  # (clock, request id)
+        self.prefetched: List[Tuple[int, int]] = []  # (clock, request id)
         self.stats = {"tasks": 0, "stolen": 0, "task_log": []}
 
     def tasks(self) -> Iterator[Tuple[int, int]]:
         """This worker's tasks of its current clock (see the module docstring)."""
         clock = self.ps.clock
         self.finished = False
-        pending = self.prefetched if self.prefetched and self.prefetched[0] == clock else \
-            (clock, self._request(clock, steal=False))
-        self.prefetched = None
-        previous = None
+        pending = collections.deque((rid, False) for c, rid in self.prefetched if c == clock)
+        self.prefetched = []
+        stealing, asking = False, True
         while True:
-            self._credit(previous)
-            previous = self._answer(pending[1])
-            if previous is None:
+            while asking and len(pending) < PIPELINE:
+                pending.append((self._request(clock, steal=stealing), stealing))
+            if not pending:
                 break
-            pending = (clock, self._request(clock, steal=False))
+            rid, was_steal = pending.popleft()
+            task = self._answer(rid)
+            if task is None:
+                # Own share claimed: ask for moved tasks; once a move is refused, stop asking
+                # (answers already on their way may still bring tasks).
+                asking = asking and not was_steal
+                stealing = True
+                continue
+            if was_steal:
+                self.stats["stolen"] += 1
             self._began = time.monotonic()
-            yield previous
-        while True:
-            self._credit(previous)
-            previous = self._answer(self._request(clock, steal=True))
-            if previous is None:
-                break
-            self.stats["stolen"] += 1
-            self._began = time.monotonic()
-            yield previous
+            yield task
+            self._credit(task)
         self.finished = True
 
     def _credit(self, task) -> None:
         """Add the parameters' gradients to ``task``'s clock and time it."""
-        if task is None:
-            return
         self.task_s = time.monotonic() - self._began
         clock, j = task
         sums = self.sums.setdefault(clock, [None] * len(self.ps.params))
@@ -164,6 +170,7 @@ class TaskRunner:
             ps.push_sums(self.sums.pop(clock), {"clock": clock, "tasks": self.ids.pop(clock)},
                          skip)
         ps.clock += 1
-        # Claim the next clock's first task while the pull waits (claims ignore the gate).
-        self.prefetched = (ps.clock, self._request(ps.clock, steal=False))
+        # Claim the next clock's first tasks while the pull waits (claims ignore the gate).
+        self.prefetched = [(ps.clock, self._request(ps.clock, steal=False))
+                           for _ in range(PIPELINE)]
         ps.pull_now()
