@@ -288,10 +288,15 @@ class BucketReducer:
         return True
 
     def join_finish(self) -> None:
-        """After every member joined: complete the last 'joined' record (bounded)."""
-        self._join_settled = False
-        if self._join_request is None:
+        """After every member joined: complete the last 'joined' record, the one with no
+        active member (bounded). A member that contributed zeros to the last step and has
+        not posted its next record yet posts it now: its peers' records wait for it."""
+        settled, self._join_settled = self._join_settled, False
+        if settled:
             return
+        if self._join_request is None:
+            self._join_request = self.comm.Iallreduce(step_record.encode(False, 0, 0),
+                                                      self._join_out, op=MPI.SUM)
         config = self._rt.config
         deadline = Deadline(config.timeout_s, config.stall_warning_s, lambda: (
             f"{self.what} on group {self.group}: finishing join()"))
