@@ -23,7 +23,7 @@ __all__ = ["Schedule", "make_schedule", "static_partition", "random_partition", 
 
 def make_schedule(kind: str, rank: int, size: int, local_size: int = 1, group_size: int = 2,
                   seed: int = 0, comm=None, timeout_s: float = 60.0, policy: str = "ready",
-                  batch: int = 1) -> Schedule:
+                  batch: int = 1, free_comm: bool = False) -> Schedule:
     """Build the schedule ``kind`` for ``rank`` of ``size`` ranks.
 
     Args:
@@ -36,6 +36,7 @@ def make_schedule(kind: str, rank: int, size: int, local_size: int = 1, group_si
         timeout_s: bound of every wait on the generator.
         policy: Group Division policy, ``"ready"`` or ``"all"`` (``"generator"``).
         batch: groups fetched per request (``"generator"``).
+        free_comm: the schedule frees ``comm`` at ``close()`` (``"generator"``).
     """
     check_choice("kind", kind, KINDS)
     check_choice("policy", policy, POLICIES)
@@ -57,7 +58,7 @@ def make_schedule(kind: str, rank: int, size: int, local_size: int = 1, group_si
                          f"size={size} were given; pass a duplicate of the world communicator")
     from .service import GeneratorSchedule
     return GeneratorSchedule(comm, group_size, seed=seed, policy=policy, timeout_s=timeout_s,
-                             batch=batch)
+                             batch=batch, free_comm=free_comm)
 
 
 def __getattr__(name):

@@ -135,13 +135,14 @@ class GeneratorSchedule(Schedule):
     generator, e.g. ``MPI.COMM_WORLD.Dup()``); rank 0 also starts the service thread. Each
     request returns up to ``batch`` groups, kept locally and executed one per step, in
     order. ``close()`` must be called on every rank; on rank 0 it returns once every rank
-    has closed (bounded by ``timeout_s`` without activity) and the thread has exited.
-    Other arguments are those of :class:`GroupGenerator`.
+    has closed (bounded by ``timeout_s`` without activity) and the thread has exited; with
+    ``free_comm`` it then frees ``comm``. Other arguments are those of
+    :class:`GroupGenerator`.
     """
 
     def __init__(self, comm, group_size: int, seed: int = 0, policy: str = "ready",
                  timeout_s: float = 60.0, batch: int = 1, poll_interval_s: float = 1e-4,
-                 **generator_options):
+                 free_comm: bool = False, **generator_options):
         require_thread_multiple()
         rank, size = comm.Get_rank(), comm.Get_size()
         check_group_size(group_size, size)
@@ -149,6 +150,7 @@ class GeneratorSchedule(Schedule):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         super().__init__(rank, size)
         self.comm = comm
+        self._free_comm = free_comm
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
         self._held: collections.deque = collections.deque()
@@ -187,6 +189,8 @@ class GeneratorSchedule(Schedule):
         if self._service is not None:
             self._service.join(self.timeout_s)
             self._raise_service_error()
+        if self._free_comm:
+            self.comm.Free()
         if unexecuted:
             raise RipplesError(f"rank {self.rank} closed the group generator schedule with "
                                f"unexecuted groups {unexecuted}; call leave() and execute "

@@ -54,9 +54,15 @@ def make_mode_schedule(rt, kind, group_size: int, division: str) -> Schedule:
     """The schedule for ``kind`` from :func:`schedule_kind` (a Schedule object as is)."""
     if isinstance(kind, Schedule):
         return kind
+    # Each generator schedule gets a communicator of its own (every rank builds the
+    # optimizer, so the Dup is collective): a script that builds a second optimizer (a new
+    # phase, a GAN's two models) runs a second service, which must not answer the first's
+    # requests. The schedule frees it at close().
+    generator = kind == "generator"
     return make_schedule(kind, rank=rt.rank, size=rt.size, local_size=rt.local_size,
                          group_size=min(group_size, rt.size), seed=rt.config.seed,
-                         comm=rt.service_comm, timeout_s=rt.config.timeout_s, policy=division)
+                         comm=rt.service_comm.Dup() if generator else None,
+                         timeout_s=rt.config.timeout_s, policy=division, free_comm=generator)
 
 
 def _first_replaced(current, recorded) -> Optional[str]:
