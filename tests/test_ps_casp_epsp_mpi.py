@@ -22,3 +22,10 @@ def test_casp_stalled_member_fails_its_community_and_the_other_continues():
 def test_epsp_and_flexrr_apply_every_task_exactly_once_with_transfers():
     out = run_mpi(script("mpi_ps_epsp.py"), 4, timeout=150).stdout
     assert "epsp OK" in out
+
+
+def test_casp_and_epsp_arguments_through_the_frontend():
+    result = run_mpi(script("mpi_ps_frontend_policies.py"), 4, timeout=150,
+                     env={"RIPPLES_PS_SERVERS": "1"})
+    for worker in range(3):
+        assert f"worker {worker} ok" in result.stdout
