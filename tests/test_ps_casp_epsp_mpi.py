@@ -29,3 +29,16 @@ def test_casp_and_epsp_arguments_through_the_frontend():
                      env={"RIPPLES_PS_SERVERS": "1"})
     for worker in range(3):
         assert f"worker {worker} ok" in result.stdout
+
+
+def test_readme_epsp_example_runs_as_documented(tmp_path):
+    readme = (TESTS_DIR.parent / "README.md").read_text()
+    block = readme.split("<!-- epsp-example -->")[1].split("<!-- /epsp-example -->")[0]
+    code = block.split("```python\n")[1].split("```")[0]
+    path = tmp_path / "train_epsp.py"
+    path.write_text(code)
+    out = run_mpi([sys.executable, str(path)], 3, timeout=150,
+                  env={"RIPPLES_PS_SERVERS": "1"}).stdout
+    accuracies = [float(line.split()[3]) for line in out.splitlines()
+                  if line.startswith("worker ") and " accuracy " in line]
+    assert len(accuracies) == 2 and min(accuracies) > 0.9, out
