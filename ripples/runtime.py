@@ -71,6 +71,11 @@ class Runtime:
         """Run ``closer`` at ``shutdown()``, before communicators are released (last in, first run)."""
         self._closers.append(closer)
 
+    def cancel_at_shutdown(self, closer: Callable[[], None]) -> None:
+        """Forget ``closer`` (one registered with ``at_shutdown``, if still there)."""
+        if closer in self._closers:
+            self._closers.remove(closer)
+
     # Consecutive timelines are told apart on the wire by this count (equal on every rank,
     # since starting and stopping are collective).
     _timeline_generation = 0

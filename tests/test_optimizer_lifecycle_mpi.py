@@ -18,3 +18,9 @@ def test_optimizers_built_again_or_side_by_side_train_join_and_shut_down(pattern
     spreads = re.findall(r"rank \d SPREAD (\S+)", result.stdout)
     assert len(spreads) == 3 and all(float(s) == 0.0 for s in spreads), result.stdout
     assert sorted(re.findall(r"rank (\d) DONE", result.stdout)) == ["0", "1", "2"]
+    if pattern == "rebuilt":  # each new optimizer closed the one before it
+        live = re.findall(r"rank (\d) LIVE services (\d+) reducers (\d+)", result.stdout)
+        # all-reduce: one bucket reducer per rank; ripples: one generator service, on rank 0
+        expected = ([(str(r), "0", "1") for r in range(3)] if sync == "allreduce" else
+                    [("0", "1", "0"), ("1", "0", "0"), ("2", "0", "0")])
+        assert sorted(live) == expected, result.stdout

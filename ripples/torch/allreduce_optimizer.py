@@ -38,6 +38,7 @@ from ripples.reduce_ops import ReduceOp
 from ripples.torch.compression import Compression
 from ripples.torch.gradient_buckets import GradientBuckets, bucketable
 from ripples.torch.optimizer_base import GradientsPendingError, WrappedOptimizer
+from ripples.torch.ownership import record
 
 Named = List[Tuple[str, torch.Tensor]]
 # The compressors buckets implement, each with the dtype a bucket travels in.
@@ -81,6 +82,10 @@ def fusion_units(named: Named, groups) -> List[Named]:
         else:
             units[started[index]].append((name, p))
     return units
+
+
+def _nothing() -> None:
+    pass
 
 
 def _weak_hook(optimizer):
@@ -152,6 +157,7 @@ class AllreduceOptimizer(WrappedOptimizer):
         self._buckets = (GradientBuckets(rt, self._process_set.group(), bucketed,
                                          rt.config.bucket_bytes, self.op, self._prescale,
                                          self._postscale, wires[0]) if bucketed else None)
+        record(self, self._trainable, _nothing if self._buckets is None else self._buckets.close)
         in_buckets = {p for _, p in bucketed}
         self._units = fusion_units([(n, p) for n, p in self._trainable if p not in in_buckets],
                                    self._groups)

@@ -16,6 +16,7 @@ from ripples.ops.partial import grouped_partial_allreduce_
 from ripples.schedule import Schedule, make_schedule
 from ripples.torch.flat_parameters import FlatParameters
 from ripples.torch.optimizer_base import WrappedOptimizer
+from ripples.torch.ownership import record
 
 log = logging.getLogger("ripples")
 
@@ -107,9 +108,11 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self._sync_every = sync_every
         self._syncs = 0
         self._left = False
+        self._closed = False
         rt = self._runtime
         rt.join_hooks.append(self.leave)
         rt.at_shutdown(self.close)
+        record(self, named, self.close)
 
     def step(self, closure=None):
         """The wrapped optimizer's step, then the P-Reduce when one is due (collective
@@ -167,5 +170,13 @@ class DecentralizedOptimizer(WrappedOptimizer):
             self._run(self.schedule.leave())
 
     def close(self) -> None:
+        """Leave (run the groups already assigned to this rank), close the schedule, and
+        drop out of ``join()`` and ``shutdown()``. Collective, as ``leave()`` is."""
+        if self._closed:
+            return
+        self._closed = True
         self.leave()
         self.schedule.close()
+        rt = self._runtime
+        rt.join_hooks.remove(self.leave)
+        rt.cancel_at_shutdown(self.close)

@@ -93,6 +93,7 @@ class GradientBuckets:
         self.reducer = BucketReducer(runtime, group, self.buffers, names, op, prescale,
                                      postscale, wire_dtype=wire_dtype)
         runtime.reducers.add(self.reducer)
+        self._reducers = runtime.reducers
         reducer = weakref.ref(self.reducer)
         runtime.at_shutdown(lambda: reducer() is not None and reducer().close())
         self._remaining = [len(m) for m in self.members]
@@ -161,4 +162,7 @@ class GradientBuckets:
         param.grad = view
 
     def close(self) -> None:
+        """Stop the reducer and drop it from ``join()`` at once: left to the garbage
+        collector, it would leave at a different moment on each rank."""
         self.reducer.close()
+        self._reducers.discard(self.reducer)

@@ -28,6 +28,7 @@ from ripples.torch.decentralized_optimizer import (SCHEDULES, DecentralizedOptim
                                                    averaged_tensors, make_mode_schedule,
                                                    schedule_kind)
 from ripples.torch.optimizer_base import GradientsPendingError
+from ripples.torch.ownership import take_over
 
 __all__ = ["DistributedOptimizer", "Sync", "GradientsPendingError", "SCHEDULES",
            "averaged_tensors"]
@@ -107,6 +108,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``"allreduce"`` mode and with the ``"static"``, ``"random"`` and ``"adpsgd"`` schedules.
     The ``"generator"`` schedule forms groups from the order in which ranks become ready:
     a resumed run restores the state but not the identical sequence of groups.
+
+    A new ``DistributedOptimizer`` (all-reduce or decentralized) over parameters that an
+    earlier one serves takes them over: the earlier one is closed (its buckets, hooks,
+    schedule and flat buffers released; a decentralized one first runs the groups already
+    assigned to it), so a script may build one per training phase without closing the
+    last. Optimizers over different parameters (a GAN's two models) run side by side.
     """
     mode = _choice(Sync, sync, "sync")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -138,6 +145,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     if mode is Sync.PS:
         return _parameter_server(optimizer, owned, options)
+    take_over(owned, _runtime.current().rank)
     if mode is Sync.ALLREDUCE:
         if process_set.included():
             units = fusion_units(trainable, groups)

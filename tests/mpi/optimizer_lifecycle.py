@@ -8,10 +8,12 @@ rank prints ``rank R DONE`` after ``shutdown()`` returns, and before it how far 
 replicas are apart (``SPREAD``), so the launcher can check that they were averaged.
 """
 import sys
+import threading
 
 import torch
 
 import ripples.torch as hvd
+from ripples.runtime import current
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -56,6 +58,9 @@ if pattern == "rebuilt":
     for phase in range(3):
         train(models[0], wrapped(models[0]), 4)
     print(f"rank {R} SPREAD {spread(models):.3g}", flush=True)
+    # What the three optimizers built so far hold that is still running: the last one's.
+    services = sum(t.name == "ripples-group-generator" for t in threading.enumerate())
+    print(f"rank {R} LIVE services {services} reducers {len(current().reducers)}", flush=True)
     train(models[0], wrapped(models[0]), 2 + R)  # uneven: the fast ranks join early
     hvd.join()
 else:
