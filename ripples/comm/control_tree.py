@@ -21,7 +21,11 @@ sends it a withdrawal of that attempt; a node that gives up waiting for its chil
 its parent a failure naming the missing ranks (a fixed list of the first few, and the
 count) and sends its waiting children the same error, so every rank that arrived raises
 the same message. A failure that happened before a node even posted belongs to a round the
-node never took part in and is ignored. The time spread check closes the last gap: a
+node never took part in and is ignored. So is a child's record posted longer ago than the
+child waits for an answer (at least the node's own gathering time plus a second): its
+sender has withdrawn it, and the withdrawal may reach this node only after the sender's
+next record is seen (observed with Open MPI's shared memory: a withdrawal sent seconds
+earlier was not yet visible to the probe that found the record before it). The time spread check closes the last gap: a
 member only gives up after 1.5 times the timeout, so a record that old is never part of a
 unanimous decision. Clocks of different hosts are compared, so the spread check assumes
 they agree to well within half the timeout.
@@ -230,6 +234,7 @@ def _gather(ctl, children, mine, posted, gather_s, stall_s, idle, describe_missi
     latest: Dict[int, Optional[tuple]] = {child: None for child in children}
     failures: List[tuple] = []
     buffer = bytearray(_RECORD.size)
+    stale_ms = 1000 * (gather_s + 1.0)
 
     def receive() -> bool:
         for child in children:
@@ -239,7 +244,10 @@ def _gather(ctl, children, mine, posted, gather_s, stall_s, idle, describe_missi
                 kind = message[_KIND]
                 before = latest[child]
                 if kind == _UP:
-                    latest[child] = message
+                    # A record its sender may have given up on already: it is withdrawn,
+                    # though the withdrawal can reach this rank after the next record.
+                    if message[_T_MAX] >= posted - stale_ms:
+                        latest[child] = message
                 elif before is not None and before[_ATTEMPT] == message[_ATTEMPT]:
                     latest[child] = None  # withdrawn, or failed below
                 if kind == _FAILED and message[_T_MAX] >= posted:
