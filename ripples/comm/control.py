@@ -26,12 +26,14 @@ Polled with a deadline, the full round gives:
   all-gathers and broadcasts to take part in with neutral contributions.
 
 Records and answers carry the sender's attempt number, as in the tree: the leader keeps
-each member's latest record, drops one its member withdrew (it gave up waiting), and a
-member ignores answers to attempts it gave up, so a timed-out round cannot poison the next.
+each member's latest record, drops one its member withdrew (it gave up waiting) or one
+posted longer ago than a member waits for the answer (but in join rounds), and a member
+ignores answers to attempts it gave up, so a timed-out round cannot poison the next.
 """
 from __future__ import annotations
 
 import pickle
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
@@ -54,16 +56,19 @@ class Record:
     blocked: the member's caller is blocked waiting on one of these entries.
     """
 
-    __slots__ = ("group", "need_create", "join_rounds", "blocked", "entries", "attempt")
+    __slots__ = ("group", "need_create", "join_rounds", "blocked", "entries", "attempt",
+                 "posted")
 
     def __init__(self, group, need_create: bool, join_rounds: int, blocked: bool,
-                 entries: Sequence[Entry], attempt: int = 0):
+                 entries: Sequence[Entry], attempt: int = 0, posted: float = 0.0):
         self.group, self.need_create, self.join_rounds = tuple(group), need_create, join_rounds
         self.blocked, self.entries, self.attempt = blocked, tuple(entries), attempt
+        self.posted = posted  # wall-clock seconds, when sent for the full round
 
     def encode(self) -> bytes:
         return pickle.dumps((self.group, self.need_create, self.join_rounds, self.blocked,
-                             self.entries, self.attempt), protocol=pickle.HIGHEST_PROTOCOL)
+                             self.entries, self.attempt, self.posted),
+                            protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class Decision:
@@ -100,6 +105,7 @@ def negotiate(ctl: MPI.Comm, record: Record, what: str, timeout_s: float,
     if verdict.unanimous:
         return Decision(active=len(group), run=[e[0] for e in record.entries])
     record.attempt = control_tree.next_attempt()
+    record.posted = time.time()
     if ctl.Get_rank() == verdict.leader:
         return _lead(ctl, record, what, timeout_s, stall_s, idle)
     return _follow(ctl, record, verdict.leader, what, timeout_s, stall_s, idle)
@@ -118,7 +124,13 @@ def _lead(ctl, mine: Record, what, timeout_s, stall_s, idle) -> Decision:
                 ctl.Recv([buffer, MPI.BYTE], source=member, tag=_TAG_RECORD)
                 message = pickle.loads(buffer)
                 if message[0] != _WITHDRAW:
-                    latest[member] = Record(*message)
+                    record = Record(*message)
+                    # Older than a follower waits for the answer: withdrawn, though the
+                    # withdrawal may show after it (as in the tree). Join rounds restart
+                    # that wait while the others train: never stale.
+                    if idle is not None or record.posted >= mine.posted - _follow_wait_s(
+                            timeout_s):
+                        latest[member] = record
                 elif latest[member] is not None and latest[member].attempt == message[1]:
                     latest[member] = None
         return all(record is not None for record in latest.values())
@@ -230,7 +242,7 @@ def _follow(ctl, mine: Record, leader: int, what, timeout_s, stall_s, idle) -> D
 
     # The leader answers within its own timeout, naming whoever is missing; a follower
     # gives up later, so that it only ever times out on a leader that is itself absent.
-    deadline = Deadline(timeout_s + max(1.0, 0.5 * timeout_s), stall_s, lambda: (
+    deadline = Deadline(_follow_wait_s(timeout_s), stall_s, lambda: (
         f"{what} on group {group}: leader rank {leader} has not answered "
         f"(rank {ctl.Get_rank()} is waiting)"))
     try:
@@ -243,6 +255,11 @@ def _follow(ctl, mine: Record, leader: int, what, timeout_s, stall_s, idle) -> D
         raise
     send.Wait()
     return _decision(reply, mine)
+
+
+def _follow_wait_s(timeout_s: float) -> float:
+    """How long a follower waits for the leader's answer (longer than the leader waits)."""
+    return timeout_s + max(1.0, 0.5 * timeout_s)
 
 
 def _decision(reply: tuple, mine: Record) -> Decision:

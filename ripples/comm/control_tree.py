@@ -22,10 +22,10 @@ its parent a failure naming the missing ranks (a fixed list of the first few, an
 count) and sends its waiting children the same error, so every rank that arrived raises
 the same message. A failure that happened before a node even posted belongs to a round the
 node never took part in and is ignored. So is a child's record posted longer ago than the
-child waits for an answer (at least the node's own gathering time plus a second): its
-sender has withdrawn it, and the withdrawal may reach this node only after the sender's
-next record is seen (observed with Open MPI's shared memory: a withdrawal sent seconds
-earlier was not yet visible to the probe that found the record before it). The time spread check closes the last gap: a
+child waits for an answer (outside join rounds, where that wait restarts while the others
+train): its sender has withdrawn it, and the withdrawal may be seen only after the record
+(observed with Open MPI's shared memory: a withdrawal sent seconds earlier was not yet
+visible to the probe that found the record before it). The time spread check closes the last gap: a
 member only gives up after 1.5 times the timeout, so a record that old is never part of a
 unanimous decision. Clocks of different hosts are compared, so the spread check assumes
 they agree to well within half the timeout.
@@ -187,8 +187,11 @@ def agree(ctl: MPI.Comm, group: Sequence[int], entries_digest: int, wants_full_r
                 f"it (rank {rank} is waiting)")
 
     gather_s = timeout_s * place.gather_s_factor
+    # A record older than its sender waits for the answer is stale (see the module doc);
+    # join rounds are exempt, as a joined member's wait restarts while the others train.
+    stale_s = None if idle is not None else _answer_wait_s(timeout_s, place, place.depth + 1)
     combined, delivered, failure = _gather(ctl, place.children, mine, posted, gather_s,
-                                           stall_s, idle, describe_missing)
+                                           stall_s, idle, describe_missing, stale_s)
     if failure is not None:  # a subtree is incomplete: tell both ways, then raise
         missing, count = failure
         if place.parent is not None:
@@ -201,11 +204,7 @@ def agree(ctl: MPI.Comm, group: Sequence[int], entries_digest: int, wants_full_r
         decision = _decide(combined, timeout_s, group[0])
     else:
         _send(ctl, combined, place.parent, _TAG_UP)
-        # The root answers within its own timeout, naming whoever is missing; a member gives
-        # up later, so that it only times out on its own when its parent is absent, and
-        # deeper members later still, so that they hear it from the member above first.
-        wait_s = (timeout_s * place.answer_s_factor + max(1.0, 0.5 * timeout_s)
-                  + 0.5 * (place.depth - 1))
+        wait_s = _answer_wait_s(timeout_s, place, place.depth)
         try:
             decision = _await_decision(ctl, place.parent, attempt, hashed, wait_s, stall_s,
                                        idle, lambda: (
@@ -226,15 +225,26 @@ def agree(ctl: MPI.Comm, group: Sequence[int], entries_digest: int, wants_full_r
     return Verdict(kind == _UNANIMOUS, decision[_ROOT])
 
 
-def _gather(ctl, children, mine, posted, gather_s, stall_s, idle, describe_missing):
-    """Collect one live record per child. Returns (combined record, {child: its attempt},
-    None) or, when a subtree is incomplete, (None, delivered, (missing ranks, count))."""
+def _answer_wait_s(timeout_s: float, place: _Place, depth: int) -> float:
+    """How long a member at ``depth`` waits for its parent's answer. The root answers
+    within its own timeout, naming whoever is missing; a member gives up later, so that it
+    only times out on its own when its parent is absent, and deeper members later still,
+    so that they hear it from the member above first."""
+    return (timeout_s * place.answer_s_factor + max(1.0, 0.5 * timeout_s)
+            + 0.5 * (depth - 1))
+
+
+def _gather(ctl, children, mine, posted, gather_s, stall_s, idle, describe_missing,
+            stale_s: Optional[float]):
+    """Collect one live record per child (none posted more than ``stale_s`` before this
+    node's own). Returns (combined record, {child: its attempt}, None) or, when a subtree
+    is incomplete, (None, delivered, (missing ranks, count))."""
     if not children:
         return mine, {}, None
     latest: Dict[int, Optional[tuple]] = {child: None for child in children}
     failures: List[tuple] = []
     buffer = bytearray(_RECORD.size)
-    stale_ms = 1000 * (gather_s + 1.0)
+    oldest_ms = posted - 1000 * stale_s if stale_s is not None else None
 
     def receive() -> bool:
         for child in children:
@@ -244,9 +254,7 @@ def _gather(ctl, children, mine, posted, gather_s, stall_s, idle, describe_missi
                 kind = message[_KIND]
                 before = latest[child]
                 if kind == _UP:
-                    # A record its sender may have given up on already: it is withdrawn,
-                    # though the withdrawal can reach this rank after the next record.
-                    if message[_T_MAX] >= posted - stale_ms:
+                    if oldest_ms is None or message[_T_MAX] >= oldest_ms:
                         latest[child] = message
                 elif before is not None and before[_ATTEMPT] == message[_ATTEMPT]:
                     latest[child] = None  # withdrawn, or failed below
