@@ -12,6 +12,7 @@ progresses in the background, ``poll(handle)`` checks it without waiting and
 """
 from __future__ import annotations
 
+import math
 import pickle
 from typing import Callable, List, Optional, Sequence
 
@@ -326,6 +327,18 @@ def allgather_object(obj, name=None, process_set=global_process_set) -> list:
                               lambda comm: [obj] if comm is None else comm.allgather(obj))
 
 
+def _allgather_rows(comm, source: torch.Tensor) -> torch.Tensor:
+    """All-gather contiguous ``source`` along dimension 0 over ``comm``, where members may
+    have different numbers of rows: the counts first, then the rows."""
+    gathered = np.empty(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([source.shape[0]], dtype=np.int64), gathered)
+    rows = gathered.tolist()
+    output = torch.empty((sum(rows), *source.shape[1:]), dtype=source.dtype)
+    row_numel = math.prod(source.shape[1:])
+    comm.Allgatherv(as_buffer(source), [as_buffer(output), [r * row_numel for r in rows]])
+    return output
+
+
 def _allgather_run(tensor, handle, index):
     source = tensor.detach()
     if not source.is_contiguous():
@@ -335,10 +348,7 @@ def _allgather_run(tensor, handle, index):
         if comm is None:
             output = _contiguous_copy(source)
         else:
-            rows = np.array(comm.allgather(int(source.shape[0])), dtype=np.int64)
-            output = torch.empty((int(rows.sum()), *source.shape[1:]), dtype=source.dtype)
-            row_numel = int(np.prod(source.shape[1:], dtype=np.int64))
-            comm.Allgatherv(as_buffer(source), [as_buffer(output), (rows * row_numel).tolist()])
+            output = _allgather_rows(comm, source)
         if index is None:
             handle.result = output
         else:
@@ -403,7 +413,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         if comm is None:
             handle.result = (_contiguous_copy(source), torch.tensor(splits, dtype=torch.int32))
             return
-        row_numel = int(np.prod(source.shape[1:], dtype=np.int64))
+        row_numel = math.prod(source.shape[1:])
         received = np.empty(k, dtype=np.int64)
         comm.Alltoall(np.array(splits, dtype=np.int64), received)
         output = torch.empty((int(received.sum()), *source.shape[1:]), dtype=source.dtype)
@@ -424,7 +434,7 @@ def _reducescatter_run(tensor, op, prescale, postscale, group, me, handle, index
     k = len(group)
     operation = mpi_op(op, tensor.dtype)
     rows = [tensor.shape[0] // k + (1 if i < tensor.shape[0] % k else 0) for i in range(k)]
-    row_numel = int(np.prod(tensor.shape[1:], dtype=np.int64))
+    row_numel = math.prod(tensor.shape[1:])
     red_dtype = reduction_dtype(tensor.dtype)
     integer = not (tensor.dtype.is_floating_point or tensor.dtype is torch.bool)
 
@@ -512,12 +522,7 @@ def allgather_as_joined(comm, wires: Sequence[str]) -> None:
     """A joined rank's part in an all-gather: it contributes no rows."""
     _, dtype_name, row = wires[0].split("|")
     row_shape = [int(x) for x in row.strip("[]").split(",") if x.strip()]
-    dtype = getattr(torch, dtype_name)
-    rows = np.array(comm.allgather(0), dtype=np.int64)
-    row_numel = int(np.prod(row_shape, dtype=np.int64))
-    output = torch.empty((int(rows.sum()), *row_shape), dtype=dtype)
-    comm.Allgatherv(as_buffer(torch.empty((0, *row_shape), dtype=dtype)),
-                    [as_buffer(output), (rows * row_numel).tolist()])
+    _allgather_rows(comm, torch.empty((0, *row_shape), dtype=getattr(torch, dtype_name)))
 
 
 def broadcast_as_joined(comm, wires: Sequence[str]) -> None:
