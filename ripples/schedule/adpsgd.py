@@ -1,6 +1,8 @@
-"""AD-PSGD's pairing with the active/passive split, as a schedule.
+"""AD-PSGD's pairing with the active/passive split: the partner an active rank picks
+(:func:`adpsgd_partner`, used by the asynchronous ``sync="adpsgd"``), and the lock-step pairs
+of ``sync="adpsgd-sync"`` as a schedule.
 
-Even ranks are active, odd ranks passive. After step ``s`` every active rank picks one
+Even ranks are active, odd ranks passive. In lock-step, after step ``s`` every active rank picks one
 passive partner at random from the seed shared by all ranks; a passive rank averages with
 every active rank that picked it, in increasing active rank. Because every pair joins an
 active and a passive rank (a bipartite graph) and carries the global sequence number
@@ -8,11 +10,39 @@ active and a passive rank (a bipartite graph) and carries the global sequence nu
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from .base import Assignment, Schedule, check_int, check_world
+
+
+def is_active(rank: int) -> bool:
+    """Whether ``rank`` is an active rank (even ranks are; odd ranks are passive)."""
+    check_int("rank", rank, low=0)
+    return rank % 2 == 0
+
+
+def adpsgd_roles(size: int) -> Tuple[List[int], List[int]]:
+    """``(actives, passives)`` of a world of ``size`` ranks: even ranks, odd ranks."""
+    check_int("size", size, low=1)
+    return list(range(0, size, 2)), list(range(1, size, 2))
+
+
+def adpsgd_partner(seed: int, rank: int, exchange: int, size: int) -> Optional[int]:
+    """The passive rank that active ``rank`` averages with in its ``exchange``-th exchange.
+
+    Drawn uniformly from the passive ranks by a generator seeded with ``(seed, rank,
+    exchange)``, so a run resumed with the same counters draws the same partners. None for
+    a passive rank, and for rank 0 of a world of one (no passive rank: it trains alone)."""
+    check_int("seed", seed, low=0)
+    check_world(rank, size)
+    check_int("exchange", exchange, low=0)
+    _, passives = adpsgd_roles(size)
+    if not is_active(rank) or not passives:
+        return None
+    pick = np.random.default_rng([seed, rank, exchange]).integers(0, len(passives))
+    return passives[int(pick)]
 
 
 def adpsgd_pairs(seed: int, step: int, size: int) -> List[Assignment]:
