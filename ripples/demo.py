@@ -118,7 +118,7 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
     curve, time_to_target = [], None
     # Schedules computed without communication cannot let a rank leave early: with them all
     # ranks stop at one agreed step (the slowest clock, compared every 10 steps).
-    stop_together = sync == "adpsgd" or schedule in ("static", "random")
+    stop_together = sync == "adpsgd-sync" or schedule in ("static", "random")
     hvd.barrier()
     start = time.perf_counter()
     step = 0

@@ -1,4 +1,4 @@
-"""``sync="ripples"`` and ``sync="adpsgd"``: a local step, then a Partial All-Reduce of the
+"""``sync="ripples"`` and ``sync="adpsgd-sync"``: a local step, then a Partial All-Reduce of the
 parameters over the group the schedule gives.
 
 Optimizer state (momentum) stays local. Gradients are never communicated, so
@@ -42,7 +42,8 @@ def schedule_kind(adpsgd: bool, schedule):
         return schedule
     if adpsgd:
         if schedule is not None:
-            raise ValueError("sync='adpsgd' has its own pairing; leave schedule=None")
+            raise ValueError("sync='adpsgd' and 'adpsgd-sync' have their own pairing; leave "
+                             "schedule=None")
         return "adpsgd"
     kind = "generator" if schedule is None else schedule
     if kind not in SCHEDULES:
@@ -66,7 +67,7 @@ def make_mode_schedule(rt, kind, group_size: int, division: str) -> Schedule:
                          timeout_s=rt.config.timeout_s, policy=division, free_comm=generator)
 
 
-def _first_replaced(current, recorded) -> Optional[str]:
+def first_replaced(current, recorded) -> Optional[str]:
     """The name of the first of the ``current`` buffers that is not the object recorded."""
     for index, (name, tensor) in enumerate(current):
         if index >= len(recorded) or recorded[index][1] is not tensor:
@@ -92,7 +93,7 @@ class DecentralizedOptimizer(WrappedOptimizer):
     stay after the optimizer is gone. ``flat``: the current layout (``FlatParameters``).
 
     ``state_dict()`` saves the local step and synchronization counters, so a run resumed
-    from it asks a deterministic schedule (``"static"``, ``"random"``, ``"adpsgd"``) for the
+    from it asks a deterministic schedule (``"static"``, ``"random"``, ``"adpsgd-sync"``) for the
     same groups an uninterrupted run would have used. The ``"generator"`` schedule forms
     groups from the order in which ranks become ready, so a resumed run restores the
     parameters, optimizer state and counters but not the identical sequence of groups.
@@ -147,7 +148,7 @@ class DecentralizedOptimizer(WrappedOptimizer):
         """Lay the buffers out again if a tensor left its place since the last sync (its
         ``.data`` was replaced, or the model holds a new buffer object)."""
         buffers = floating_buffers(self._model)
-        moved = self.flat.stale() or _first_replaced(buffers, self._buffers)
+        moved = self.flat.stale() or first_replaced(buffers, self._buffers)
         if moved is not None:
             log.info("rank %d: %s no longer views its flat buffer; laying the averaged "
                      "tensors out again", self._runtime.rank, moved)

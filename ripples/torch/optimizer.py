@@ -4,9 +4,11 @@ This module checks the arguments and picks the mode; each mode lives in its own 
 
 - ``sync="allreduce"`` (default, ``allreduce_optimizer``): Horovod. Gradients are averaged
   over the process set before every step, each all-reduce named after its parameter.
-- ``sync="ripples"`` / ``"adpsgd"`` (``decentralized_optimizer``): a local step, then every
-  ``sync_every`` steps a Partial All-Reduce of the parameters (and of the model's floating
-  buffers when ``model=`` is given) over the group the schedule gives.
+- ``sync="ripples"`` / ``"adpsgd-sync"`` (``decentralized_optimizer``): a local step, then
+  every ``sync_every`` steps a Partial All-Reduce of the parameters (and of the model's
+  floating buffers when ``model=`` is given) over the group the schedule gives.
+- ``sync="adpsgd"`` (``adpsgd_optimizer``): asynchronous AD-PSGD, pairwise averaging
+  between active and passive ranks served by a responder thread.
 - ``sync="ps"`` (``ripples.ps.optimizer``): parameter servers.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ripples import runtime as _runtime
 from ripples.ops.collectives import allgather_object
 from ripples.ops.process_sets import ProcessSet, global_process_set
 from ripples.reduce_ops import ReduceOp, check_op
+from ripples.torch.adpsgd_optimizer import AdpsgdOptimizer
 from ripples.torch.allreduce_optimizer import AllreduceOptimizer, fusion_units
 from ripples.torch.compression import Compression
 from ripples.torch.decentralized_optimizer import (SCHEDULES, DecentralizedOptimizer,
@@ -40,6 +43,7 @@ class Sync(enum.Enum):
     ALLREDUCE = "allreduce"
     RIPPLES = "ripples"
     ADPSGD = "adpsgd"
+    ADPSGD_SYNC = "adpsgd-sync"
     PS = "ps"
 
 
@@ -83,11 +87,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     ripples adds:
 
-    sync: ``"allreduce"`` | ``"ripples"`` | ``"adpsgd"`` | ``"ps"`` (or a ``Sync`` member).
+    sync: ``"allreduce"`` | ``"ripples"`` | ``"adpsgd"`` | ``"adpsgd-sync"`` | ``"ps"`` (or a
+        ``Sync`` member). ``"adpsgd"`` is asynchronous AD-PSGD (see ``AdpsgdOptimizer``:
+        an active rank averages with a random passive one that answers while it
+        computes); ``"adpsgd-sync"`` runs the same pairs in lock-step, as P-Reduces.
     schedule: for ``"ripples"``: ``"static"``, ``"random"``, ``"generator"`` (default) or a
         ``ripples.schedule.Schedule`` object.
     group_size: ranks per group for the random and generator schedules (default 4).
-    sync_every: P-Reduce every this many local steps (default 1).
+    sync_every: P-Reduce (with AD-PSGD: exchange) every this many local steps (default 1).
     model: the ``torch.nn.Module``, so that its floating buffers (BatchNorm statistics) are
         averaged with the parameters in decentralized modes. Those modes move the averaged
         tensors into one flat buffer per dtype, each ``.data`` a view into it (see
@@ -105,7 +112,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``state_dict()`` holds the wrapped optimizer's state plus, under ``"ripples"``, the
     wrapper's counters (steps, P-Reduce rounds, pending backward passes), so that a run
     resumed with ``load_state_dict`` equals an uninterrupted one bit for bit in
-    ``"allreduce"`` mode and with the ``"static"``, ``"random"`` and ``"adpsgd"`` schedules.
+    ``"allreduce"`` mode, with the ``"static"`` and ``"random"`` schedules and with
+    ``"adpsgd-sync"``. Asynchronous ``"adpsgd"`` restores its counters (the same partners
+    are drawn) but not the timing of exchanges, so it does not repeat a run bit for bit.
     The ``"generator"`` schedule forms groups from the order in which ranks become ready:
     a resumed run restores the state but not the identical sequence of groups.
 
@@ -131,8 +140,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if mode is not Sync.ALLREDUCE and len(process_set.group()) != _runtime.current().size:
         raise ValueError(f"process_set applies to sync='allreduce' only; sync={mode.value!r} "
                          "runs over all ranks: leave process_set at its default")
-    kind = None if mode in (Sync.ALLREDUCE, Sync.PS) else schedule_kind(mode is Sync.ADPSGD,
-                                                                        schedule)
+    if mode is Sync.ADPSGD and schedule is not None:
+        raise ValueError("sync='adpsgd' has its own pairing; leave schedule=None")
+    kind = None if mode in (Sync.ALLREDUCE, Sync.PS, Sync.ADPSGD) else schedule_kind(
+        mode is Sync.ADPSGD_SYNC, schedule)
     division = options.pop("policy", "ready") if mode is Sync.RIPPLES else "ready"
     if mode is not Sync.PS and options:
         raise TypeError(f"DistributedOptimizer() got unexpected arguments {sorted(options)} for "
@@ -159,6 +170,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                   sparse_as_dense,
                                   frozen=[(n, p) for n, p in owned if not p.requires_grad])
     _check_same_model(trainable)
+    if mode is Sync.ADPSGD:
+        return AdpsgdOptimizer(optimizer, trainable, mode,
+                               1 if sync_every is None else sync_every, model)
     size = _DEFAULT_GROUP_SIZE if group_size is None else group_size
     return DecentralizedOptimizer(optimizer, trainable, mode,
                                   make_mode_schedule(_runtime.current(), kind, size, division),
@@ -278,10 +292,10 @@ _ARGUMENT_USE = {
     "gradient_predivide_factor": (1.0, {Sync.ALLREDUCE}),
     "groups": (None, {Sync.ALLREDUCE}),
     "sparse_as_dense": (False, {Sync.ALLREDUCE}),
-    "schedule": (None, {Sync.RIPPLES, Sync.ADPSGD}),
+    "schedule": (None, {Sync.RIPPLES, Sync.ADPSGD, Sync.ADPSGD_SYNC}),
     "group_size": (None, {Sync.RIPPLES}),
-    "sync_every": (None, {Sync.RIPPLES, Sync.ADPSGD}),
-    "model": (None, {Sync.RIPPLES, Sync.ADPSGD}),
+    "sync_every": (None, {Sync.RIPPLES, Sync.ADPSGD, Sync.ADPSGD_SYNC}),
+    "model": (None, {Sync.RIPPLES, Sync.ADPSGD, Sync.ADPSGD_SYNC}),
 }
 
 

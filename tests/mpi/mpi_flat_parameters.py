@@ -15,8 +15,8 @@ R, N = hvd.rank(), hvd.size()
 MODES = [dict(sync="ripples", schedule="static"),
          dict(sync="ripples", schedule="generator", group_size=N),
          dict(sync="ripples", schedule="generator", group_size=2),
-         dict(sync="adpsgd")]
-MODE_IDS = ["static", "generator", "generator-pairs", "adpsgd"]
+         dict(sync="adpsgd-sync")]
+MODE_IDS = ["static", "generator", "generator-pairs", "adpsgd-sync"]
 
 
 class Net(torch.nn.Module):
@@ -157,7 +157,7 @@ def test_loose_tensors_are_averaged_too():
     opt.close()
 
 
-@pytest.mark.parametrize("mode", [MODES[0], MODES[3]], ids=["static", "adpsgd"])
+@pytest.mark.parametrize("mode", [MODES[0], MODES[3]], ids=["static", "adpsgd-sync"])
 def test_model_converted_after_wrapping_keeps_being_averaged(mode):
     torch.manual_seed(0)
     model = Net()

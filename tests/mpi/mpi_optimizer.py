@@ -66,7 +66,7 @@ def test_skip_synchronize_and_fp16_compression():
 
 @pytest.mark.parametrize("sync,schedule,options", [
     ("ripples", "static", {}), ("ripples", "random", {}), ("ripples", "generator", {}),
-    ("ripples", "generator", {"policy": "all"}), ("adpsgd", None, {})])
+    ("ripples", "generator", {"policy": "all"}), ("adpsgd-sync", None, {})])
 def test_preduce_preserves_the_sum_of_local_steps(sync, schedule, options):
     """Plain SGD: after each step, sum over ranks of parameters equals the sum of what the
     local steps alone would give (P-Reduce preserves the mean)."""

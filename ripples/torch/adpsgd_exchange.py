@@ -1,0 +1,248 @@
+"""AD-PSGD's pairwise model averaging over point-to-point messages: the active side's
+:func:`exchange` and :func:`finish`, and the passive side's :class:`Responder` thread.
+
+Protocol, on a communicator used for nothing else:
+
+- An exchange: the active rank sends a header ``[EXCHANGE, layout, count, index]``
+  (``TAG_HEADER``) and its ``count`` tensors (``TAG_DATA``). The passive rank's responder,
+  holding the passive's model lock, receives them, replaces its own tensors by the mean
+  ``(own + theirs) / 2``, and answers a status (``TAG_STATUS``) and, when the layouts
+  agree, its averaged tensors (``TAG_AVERAGE``), which the active rank copies into its own.
+  Both end holding the same values, bit for bit, and the passive's lock is held from the
+  first received byte to the last sent one: an exchange is atomic on both sides.
+- The end: every active rank sends a header ``[DONE, 0, 0, exchanges]`` to every passive
+  rank. A responder stops after a DONE from every active rank. Messages from one rank to
+  another on one tag arrive in order, so a DONE comes after that rank's last exchange, and
+  no message is left unmatched.
+
+The responder serves one active rank at a time, in arrival order. Waits poll against a
+deadline (``Config.timeout_s``) and name the peer they wait for, so a dead or stuck peer
+gives a :class:`RipplesTimeoutError`, never a hang. An idle responder naps between polls
+(doubling up to ``MAX_NAP_S``): a blocking MPI receive would spin in Open MPI's progress
+loop and take the core the passive rank computes on.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ripples.comm.mpi import Deadline, as_buffer, wait_all
+from ripples.errors import MismatchError, RipplesError, RipplesTimeoutError
+
+TAG_HEADER, TAG_DATA, TAG_STATUS, TAG_AVERAGE = 0x4144, 0x4145, 0x4146, 0x4147
+EXCHANGE, DONE = 1, 2
+OK, MISMATCH = 0, 1
+MAX_NAP_S = 1e-3
+
+
+def layout_of(tensors: Sequence[torch.Tensor]) -> int:
+    """A 31-bit digest of the dtypes and sizes of ``tensors`` (both sides must agree)."""
+    text = ";".join(f"{t.dtype}:{t.numel()}" for t in tensors)
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor MPI can read and write: ``tensor`` itself when it is one."""
+    if tensor.device.type == "cpu" and tensor.is_contiguous():
+        return tensor
+    return tensor.detach().to("cpu", memory_format=torch.contiguous_format)
+
+
+def _average_into(own: torch.Tensor, other: torch.Tensor) -> None:
+    """``own <- (own + other) / 2`` in place (16-bit floats computed in float32)."""
+    if own.dtype.is_floating_point and own.element_size() < 4:
+        own.copy_(own.float().add_(other.to(own.device).float()).mul_(0.5))
+    else:
+        own.add_(other.to(own.device)).mul_(0.5)
+
+
+def _cancel(requests: Sequence[MPI.Request]) -> None:
+    for request in requests:
+        if request != MPI.REQUEST_NULL:
+            request.Cancel()
+
+
+def exchange(comm: MPI.Comm, rank: int, partner: int, tensors: List[torch.Tensor], index: int,
+             timeout_s: float, stall_s: float) -> None:
+    """Average ``tensors`` (this active rank's, written in place) with passive ``partner``'s.
+
+    Returns once both ranks hold the mean. Raises ``MismatchError`` when the partner lays
+    out different tensors, ``RipplesTimeoutError`` naming the partner when it does not answer
+    within ``timeout_s``."""
+    hosts = [_host(t.detach()) for t in tensors]
+    header = np.array([EXCHANGE, layout_of(tensors), len(tensors), index], dtype=np.int64)
+    status = np.zeros(1, dtype=np.int64)
+    deadline = Deadline(timeout_s, stall_s, lambda: (
+        f"rank {rank}: AD-PSGD exchange {index} with passive rank {partner}"))
+    sends = [comm.Isend(header, partner, TAG_HEADER)]
+    sends += [comm.Isend(as_buffer(h), partner, TAG_DATA) for h in hosts]
+    replies = [comm.Irecv(status, partner, TAG_STATUS)]
+    try:
+        # The averages land in the buffers being sent: receive them only once sent.
+        wait_all(sends + replies, deadline)
+        if status[0] != OK:
+            raise MismatchError(
+                f"rank {rank}: passive rank {partner} averages different tensors (dtypes or "
+                "sizes) than this rank; every rank must train the same model")
+        replies = [comm.Irecv(as_buffer(h), partner, TAG_AVERAGE) for h in hosts]
+        wait_all(replies, deadline)
+    except RipplesTimeoutError:
+        _cancel(replies)
+        raise
+    for tensor, host in zip(tensors, hosts):
+        if host is not tensor:
+            tensor.copy_(host)
+
+
+def finish(comm: MPI.Comm, rank: int, passives: Sequence[int], exchanges: int,
+           timeout_s: float, stall_s: float) -> None:
+    """Tell every passive rank that this active rank sends no more exchanges."""
+    header = np.array([DONE, 0, 0, exchanges], dtype=np.int64)
+    sends = [comm.Isend(header, p, TAG_HEADER) for p in passives]
+    wait_all(sends, Deadline(timeout_s, stall_s, lambda: (
+        f"rank {rank}: AD-PSGD end notice to passive ranks {list(passives)}")))
+
+
+class Responder:
+    """The passive rank's server of exchanges: a thread that answers the active ranks,
+    one at a time, until each has sent DONE.
+
+    ``tensors()`` gives the passive's current tensors; it is called, and they are averaged,
+    with ``lock`` held (the passive's optimizer step holds it too). ``on_exchange(active)``
+    is called after each exchange served, still under the lock. ``served``: exchanges
+    served so far. An error on the thread (a peer that stopped mid-exchange, a layout
+    mismatch) is kept in ``error`` and raised by :meth:`check` and :meth:`wait`.
+    """
+
+    def __init__(self, comm: MPI.Comm, rank: int, actives: Sequence[int], lock: threading.Lock,
+                 tensors: Callable[[], List[torch.Tensor]],
+                 on_exchange: Callable[[int], None], timeout_s: float, stall_s: float):
+        self.comm = comm
+        self.rank = rank
+        self.lock = lock
+        self.served = 0
+        self.error: Optional[BaseException] = None
+        self._pending = set(actives)
+        self._tensors = tensors
+        self._on_exchange = on_exchange
+        self._timeout_s = timeout_s
+        self._stall_s = stall_s
+        self._stop = threading.Event()
+        self._header = np.zeros(4, dtype=np.int64)
+        self._thread = threading.Thread(target=self._run, name=f"ripples-adpsgd-{rank}",
+                                        daemon=True)
+        self._started = False
+
+    def start(self) -> None:
+        """Start answering (once; later calls do nothing)."""
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def check(self) -> None:
+        """Raise the error the responder stopped on, if any."""
+        if self.error is not None:
+            raise self.error
+
+    def wait(self) -> None:
+        """Wait until every active rank has sent DONE and been answered. The deadline
+        (``timeout_s``) restarts whenever an exchange or a DONE arrives, so active ranks
+        still training keep this rank waiting; one silent for ``timeout_s`` raises
+        ``RipplesTimeoutError`` naming it, and the responder stops."""
+        self.start()
+        deadline = Deadline(self._timeout_s, self._stall_s, lambda: (
+            f"rank {self.rank}: AD-PSGD passive waiting for active rank(s) "
+            f"{sorted(self._pending)} to finish (they neither exchanged nor ended)"))
+        seen = (self.served, len(self._pending))
+        while self._thread.is_alive():
+            self._thread.join(0.01)
+            now = (self.served, len(self._pending))
+            if now != seen:
+                seen = now
+                deadline.restart()
+            try:
+                deadline.check()
+            except RipplesTimeoutError:
+                self.stop()
+                raise
+        self.check()
+
+    def stop(self) -> None:
+        """Stop answering now (cancels the pending receive) and wait for the thread."""
+        self._stop.set()
+        if self._started:
+            self._thread.join()
+
+    # ---------------------------------------------------------------- the thread
+
+    def _run(self) -> None:
+        try:
+            while self._pending:
+                source = self._next_header()
+                if source is None:
+                    return
+                kind, layout, count, index = (int(v) for v in self._header)
+                if kind == DONE:
+                    self._pending.discard(source)
+                elif kind == EXCHANGE:
+                    self._serve(source, layout, count, index)
+                else:
+                    raise RipplesError(f"rank {self.rank}: AD-PSGD header of unknown kind "
+                                       f"{kind} from rank {source}")
+        except BaseException as exc:  # kept for the training thread, which raises it
+            self.error = exc
+
+    def _next_header(self) -> Optional[int]:
+        status = MPI.Status()
+        request = self.comm.Irecv(self._header, MPI.ANY_SOURCE, TAG_HEADER)
+        pause = 0.0
+        while not request.Test(status):
+            if self._stop.is_set():
+                request.Cancel()
+                request.Wait()
+                return None
+            pause = min(MAX_NAP_S, pause * 2 or 2e-5)
+            self._stop.wait(pause)
+        return status.Get_source()
+
+    def _serve(self, source: int, layout: int, count: int, index: int) -> None:
+        deadline = Deadline(self._timeout_s, self._stall_s, lambda: (
+            f"rank {self.rank}: AD-PSGD exchange {index} with active rank {source}"))
+        with self.lock:
+            tensors = self._tensors()
+            if layout != layout_of(tensors) or count != len(tensors):
+                self._drain(source, count, deadline)
+                wait_all([self.comm.Isend(np.array([MISMATCH], dtype=np.int64), source,
+                                          TAG_STATUS)], deadline)
+                self.error = MismatchError(
+                    f"rank {self.rank}: active rank {source} averages different tensors "
+                    "(dtypes or sizes) than this rank; every rank must train the same model")
+                return
+            hosts = [_host(t.detach()) for t in tensors]
+            theirs = [torch.empty_like(h) for h in hosts]
+            wait_all([self.comm.Irecv(as_buffer(t), source, TAG_DATA) for t in theirs],
+                     deadline)
+            for tensor, host, other in zip(tensors, hosts, theirs):
+                _average_into(host, other)
+                if host is not tensor:
+                    tensor.copy_(host)
+            sends = [self.comm.Isend(np.array([OK], dtype=np.int64), source, TAG_STATUS)]
+            sends += [self.comm.Isend(as_buffer(h), source, TAG_AVERAGE) for h in hosts]
+            wait_all(sends, deadline)
+            self.served += 1
+            self._on_exchange(source)
+
+    def _drain(self, source: int, count: int, deadline: Deadline) -> None:
+        """Receive (and drop) the ``count`` tensors of an exchange that cannot be served."""
+        for _ in range(count):
+            status = MPI.Status()
+            while not self.comm.Iprobe(source, TAG_DATA, status):
+                deadline.check()
+                time.sleep(1e-4)
+            self.comm.Recv(bytearray(status.Get_count(MPI.BYTE)), source, TAG_DATA)

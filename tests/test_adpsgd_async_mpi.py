@@ -1,0 +1,15 @@
+"""Runs tests/mpi/mpi_adpsgd_async.py under mpiexec at 1 to 4 ranks, and the failure cases
+(tests/mpi/mpi_adpsgd_async_failures.py) at 2 ranks with a 2 s timeout."""
+import pytest
+
+from mpi_launch import run_pytest_under_mpi
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_adpsgd_async(nprocs):
+    run_pytest_under_mpi("mpi_adpsgd_async.py", nprocs, timeout=120)
+
+
+def test_adpsgd_async_failures():
+    run_pytest_under_mpi("mpi_adpsgd_async_failures.py", 2, timeout=120,
+                         env={"RIPPLES_TIMEOUT_S": "2"})
