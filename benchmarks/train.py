@@ -5,11 +5,13 @@
 For each scenario (homogeneous; one 5x-slow worker; random 5x slowdowns with p = 0.1) one
 MPI job of ``--np`` ranks trains the same model (an MLP on scikit-learn's digits), data,
 seed and wall-clock budget in every mode: ``allreduce``, ``ripples`` with the static,
-random and generator schedules, and ``adpsgd``; then PyTorch DDP (gloo) as an outside
+random and generator schedules, ``adpsgd`` (asynchronous AD-PSGD) and ``adpsgd-sync`` (its
+pairs in lock-step); then PyTorch DDP (gloo) as an outside
 reference (its "wait" is the whole backward pass, which contains its all-reduce; Horovod is
 not installable next to torch >= 2.1). Compute is EMULATED: each step is padded to
 ``--compute-ms`` (sleep) so that 8 ranks on 2 cores measure synchronization, not CPU
-contention. Ratios are against ``allreduce`` in the same job.
+contention. Ratios are against ``allreduce`` in the same job. ``--modes`` runs a subset
+(``allreduce`` always runs, as the reference).
 """
 from __future__ import annotations
 
@@ -28,7 +30,25 @@ SCENARIOS = {
     "random-slow": {"random_slowdown": "0.1:5"},
 }
 MODES = [("allreduce", None), ("ripples", "static"), ("ripples", "random"),
-         ("ripples", "generator"), ("adpsgd", None)]
+         ("ripples", "generator"), ("adpsgd", None), ("adpsgd-sync", None)]
+
+
+def mode_name(sync: str, schedule) -> str:
+    return sync if schedule is None else f"{sync}/{schedule}"
+
+
+MODE_NAMES = [mode_name(*m) for m in MODES] + ["ddp"]
+ALIASES = {"ripples": "ripples/generator", "static": "ripples/static",
+           "random": "ripples/random", "generator": "ripples/generator"}
+
+
+def selected_modes(text: str) -> list:
+    """The mode names of ``--modes`` (aliases resolved), in benchmark order, allreduce first."""
+    asked = {ALIASES.get(m.strip(), m.strip()) for m in text.split(",") if m.strip()}
+    unknown = sorted(asked - set(MODE_NAMES))
+    if unknown:
+        raise ValueError(f"--modes: unknown {unknown}; valid: {MODE_NAMES} or {sorted(ALIASES)}")
+    return [m for m in MODE_NAMES if m in asked or m == "allreduce"]
 
 
 def ceiling_steps_per_s(size: int, compute_ms: float, scenario: str) -> float:
@@ -50,7 +70,10 @@ def worker(args) -> None:
     hvd.init(compute_ms=args.compute_ms, seed=args.seed, **settings)
     data = load_data()
     rows = []
+    wanted = selected_modes(args.modes)
     for sync, schedule in MODES:
+        if mode_name(sync, schedule) not in wanted:
+            continue
         result = train_mode(data, sync, args.seconds, batch=args.batch, lr=args.lr,
                             target=args.target, schedule=schedule, group_size=args.group_size,
                             progress=False, seed=args.seed)
@@ -68,7 +91,8 @@ def worker(args) -> None:
         })
         if hvd.rank() == 0:
             print(f"  {args.scenario}: {result.mode} done", file=sys.stderr, flush=True)
-    rows.append(train_ddp(data, args))
+    if "ddp" in wanted:
+        rows.append(train_ddp(data, args))
     if hvd.rank() == 0:
         Path(args.out).write_text(json.dumps(rows))
     hvd.shutdown()
@@ -144,10 +168,11 @@ def launch(args, scenario: str, out: str) -> None:
            "--out", out, "--np", str(args.np), "--seconds", str(args.seconds),
            "--compute-ms", str(args.compute_ms), "--batch", str(args.batch), "--lr", str(args.lr),
            "--target", str(args.target), "--group-size", str(args.group_size),
-           "--seed", str(args.seed)]
+           "--seed", str(args.seed), "--modes", args.modes]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_NUM_THREADS="1")
-    subprocess.run(cmd, check=True, env=env, timeout=60 + 3 * args.seconds * (len(MODES) + 1))
+    modes = len(selected_modes(args.modes))
+    subprocess.run(cmd, check=True, env=env, timeout=60 + 3 * args.seconds * modes)
 
 
 def time_to_target_ratio(base: dict, ttt) -> str:
@@ -192,7 +217,11 @@ def main(argv=None) -> int:
     parser.add_argument("--target", type=float, default=0.93, help="target test accuracy")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help=f"comma-separated, of {list(SCENARIOS)}")
+    parser.add_argument("--modes", default=",".join(MODE_NAMES),
+                        help=f"comma-separated, of {MODE_NAMES} (or {sorted(ALIASES)}); "
+                             "allreduce always runs")
     parser.add_argument("--json", help="write all results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--scenario", help=argparse.SUPPRESS)
@@ -205,6 +234,10 @@ def main(argv=None) -> int:
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
         parser.error(f"--scenarios: unknown {unknown}; valid: {list(SCENARIOS)}")
+    try:
+        selected_modes(args.modes)
+    except ValueError as exc:
+        parser.error(str(exc))
     print(f"end-to-end benchmark: {args.np} ranks on {os.cpu_count()} cores, compute EMULATED "
           f"({args.compute_ms:g} ms/step), {args.seconds:g} s per mode, group size "
           f"{args.group_size}, digits MLP, {time.strftime('%Y-%m-%d')}")
