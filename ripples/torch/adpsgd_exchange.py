@@ -48,7 +48,8 @@ def layout_of(tensors: Sequence[torch.Tensor]) -> int:
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor MPI can read and write: ``tensor`` itself when it is one."""
+    """A contiguous CPU tensor MPI can read and write: ``tensor`` itself when it is one
+    (``tensor`` must not require grad: the exchange writes into it)."""
     if tensor.device.type == "cpu" and tensor.is_contiguous():
         return tensor
     return tensor.detach().to("cpu", memory_format=torch.contiguous_format)
@@ -75,7 +76,7 @@ def exchange(comm: MPI.Comm, rank: int, partner: int, tensors: List[torch.Tensor
     Returns once both ranks hold the mean. Raises ``MismatchError`` when the partner lays
     out different tensors, ``RipplesTimeoutError`` naming the partner when it does not answer
     within ``timeout_s``."""
-    hosts = [_host(t.detach()) for t in tensors]
+    hosts = [_host(t) for t in tensors]
     header = np.array([EXCHANGE, layout_of(tensors), len(tensors), index], dtype=np.int64)
     status = np.zeros(1, dtype=np.int64)
     deadline = Deadline(timeout_s, stall_s, lambda: (
@@ -224,7 +225,7 @@ class Responder:
                     f"rank {self.rank}: active rank {source} averages different tensors "
                     "(dtypes or sizes) than this rank; every rank must train the same model")
                 return
-            hosts = [_host(t.detach()) for t in tensors]
+            hosts = [_host(t) for t in tensors]
             theirs = [torch.empty_like(h) for h in hosts]
             wait_all([self.comm.Irecv(as_buffer(t), source, TAG_DATA) for t in theirs],
                      deadline)
