@@ -16,9 +16,11 @@ from typing import Dict, List
 from .cli import build_parser, scenario_from_args
 from .runner import run_modes
 
-# benchmarks/train.py's mode names -> the simulator's
+# benchmarks/train.py's mode names -> the simulator's. The simulator's AD-PSGD runs its pairs
+# in lock step, which is the benchmark's "adpsgd-sync"; the asynchronous "adpsgd" (a passive
+# rank answers from a thread while it computes) is not simulated.
 MODE_NAMES = {"allreduce": "allreduce", "ripples/static": "static", "ripples/random": "random",
-              "ripples/generator": "generator", "adpsgd": "adpsgd"}
+              "ripples/generator": "generator", "adpsgd-sync": "adpsgd"}
 SPEED_FLAGS = {"homogeneous": [], "one-slow": ["--speed", "stragglers", "--stragglers", "1",
                                                "--slow-factor", "5"],
                "random-slow": ["--speed", "random", "--slow-probability", "0.1",

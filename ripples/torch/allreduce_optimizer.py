@@ -162,6 +162,9 @@ class AllreduceOptimizer(WrappedOptimizer):
         self._units = fusion_units([(n, p) for n, p in self._trainable if p not in in_buckets],
                                    self._groups)
 
+    def _communication_in_compute(self) -> float:
+        return 0.0 if self._buckets is None else self._buckets.take_backward_wait()
+
     def _on_grad(self, param: torch.Tensor) -> None:
         if self._passes[param] >= self.backward_passes_per_step:
             raise GradientsPendingError(

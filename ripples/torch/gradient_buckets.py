@@ -21,6 +21,7 @@ its ``grad`` holds, zeros when it is None (Horovod's rule), and then holds the r
 """
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -96,6 +97,7 @@ class GradientBuckets:
         self._reducers = runtime.reducers
         reducer = weakref.ref(self.reducer)
         runtime.at_shutdown(lambda: reducer() is not None and reducer().close())
+        self.waited_in_backward_s = 0.0
         self._remaining = [len(m) for m in self.members]
         self._fired: set = set()
         self._callback_queued = False
@@ -124,8 +126,16 @@ class GradientBuckets:
 
     def _end_of_backward(self) -> None:
         self._callback_queued = False
+        start = time.perf_counter()
         self._reduce_all()
+        self.waited_in_backward_s += time.perf_counter() - start
         self.reduced = True
+
+    def take_backward_wait(self) -> float:
+        """Seconds spent waiting for buckets at the end of backward passes since the last
+        call (communication, not compute: the slowdown injector must not scale it)."""
+        waited, self.waited_in_backward_s = self.waited_in_backward_s, 0.0
+        return waited
 
     def finish(self) -> None:
         """Make sure this step's buckets are reduced (by the end of backward, or now) and

@@ -67,7 +67,9 @@ class WrappedOptimizer(OptimizerWrapper):
         if not self._compute_open:
             return
         self._compute_open = False
-        elapsed = time.perf_counter() - self._step_end
+        communication = self._communication_in_compute()
+        self.metrics.add_wait(communication)
+        elapsed = time.perf_counter() - self._step_end - communication
         if self._injector.enabled:
             start = time.perf_counter()
             self._injector.finish_step(elapsed)
@@ -75,6 +77,11 @@ class WrappedOptimizer(OptimizerWrapper):
             self._runtime.timeline.complete("slowdown", "compute", start,
                                             time.perf_counter() - start)
         self._runtime.timeline.complete("compute", "compute", self._step_end, elapsed)
+
+    def _communication_in_compute(self) -> float:
+        """Seconds of the compute phase spent waiting for communication (e.g. gradient
+        buckets waited for at the end of backward); not compute, so not slowed down."""
+        return 0.0
 
     def _end_step(self) -> None:
         self._steps += 1
