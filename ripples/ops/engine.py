@@ -88,7 +88,8 @@ class Engine:
             seen = set()
             for request in requests:
                 key = (request.group, request.name)
-                if key in self._names or key in seen:                    raise ValueError(
+                if key in self._names or key in seen:
+                    raise ValueError(
                         f"a collective named {request.name!r} is already in flight on group "
                         f"{request.group} (rank {self._rt.rank}); give concurrent collectives "
                         "distinct names, or synchronize the first before reusing its name")
