@@ -25,10 +25,10 @@ node never took part in and is ignored. So is a child's record posted longer ago
 child waits for an answer (outside join rounds, where that wait restarts while the others
 train): its sender has withdrawn it, and the withdrawal may be seen only after the record
 (observed with Open MPI's shared memory: a withdrawal sent seconds earlier was not yet
-visible to the probe that found the record before it). The time spread check closes the last gap: a
-member only gives up after 1.5 times the timeout, so a record that old is never part of a
-unanimous decision. Clocks of different hosts are compared, so the spread check assumes
-they agree to well within half the timeout.
+visible to the probe that found the record before it). The time spread check closes the
+last gap: a member only gives up after 1.5 times the timeout, so a record that old is
+never part of a unanimous decision. Clocks of different hosts are compared, so the spread
+check assumes they agree to well within half the timeout.
 """
 from __future__ import annotations
 
