@@ -30,7 +30,6 @@ odd sizes work; a world of one rank has no passive rank and trains alone.
 """
 from __future__ import annotations
 
-import logging
 import threading
 from typing import List
 
@@ -38,12 +37,10 @@ import torch
 
 from ripples.schedule.adpsgd import adpsgd_partner, adpsgd_roles, is_active
 from ripples.torch.adpsgd_exchange import Responder, exchange, finish
-from ripples.torch.decentralized_optimizer import first_replaced, floating_buffers
+from ripples.torch.decentralized_optimizer import current_layout, floating_buffers
 from ripples.torch.flat_parameters import FlatParameters
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import record
-
-log = logging.getLogger("ripples")
 
 
 class AdpsgdOptimizer(WrappedOptimizer):
@@ -144,13 +141,8 @@ class AdpsgdOptimizer(WrappedOptimizer):
 
     def _check_layout(self) -> None:
         """Lay the buffers out again if a tensor left its place (called under the lock)."""
-        buffers = floating_buffers(self._model)
-        moved = self.flat.stale() or first_replaced(buffers, self._buffers)
-        if moved is not None:
-            log.info("rank %d: %s no longer views its flat buffer; laying the averaged "
-                     "tensors out again", self._runtime.rank, moved)
-            self._buffers = buffers
-            self.flat = FlatParameters(list(self._named) + buffers, previous=self.flat)
+        self.flat, self._buffers = current_layout(self.flat, self._named, self._model,
+                                                  self._buffers, self._runtime.rank)
 
     def extra_state(self) -> dict:
         state = super().extra_state()

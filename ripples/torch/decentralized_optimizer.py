@@ -67,12 +67,25 @@ def make_mode_schedule(rt, kind, group_size: int, division: str) -> Schedule:
                          timeout_s=rt.config.timeout_s, policy=division, free_comm=generator)
 
 
-def first_replaced(current, recorded) -> Optional[str]:
+def _first_replaced(current, recorded) -> Optional[str]:
     """The name of the first of the ``current`` buffers that is not the object recorded."""
     for index, (name, tensor) in enumerate(current):
         if index >= len(recorded) or recorded[index][1] is not tensor:
             return name
     return None if len(current) == len(recorded) else recorded[len(current)][0]
+
+
+def current_layout(flat: FlatParameters, named, model, recorded, rank: int):
+    """``(flat, model buffers)`` to average now: ``flat`` and ``recorded`` as they are, or,
+    when a tensor no longer views ``flat`` or the model holds a new buffer object, a new
+    layout of ``named`` plus the model's current floating buffers."""
+    buffers = floating_buffers(model)
+    moved = flat.stale() or _first_replaced(buffers, recorded)
+    if moved is None:
+        return flat, recorded
+    log.info("rank %d: %s no longer views its flat buffer; laying the averaged tensors "
+             "out again", rank, moved)
+    return FlatParameters(list(named) + buffers, previous=flat), buffers
 
 
 class DecentralizedOptimizer(WrappedOptimizer):
@@ -147,13 +160,8 @@ class DecentralizedOptimizer(WrappedOptimizer):
     def _check_layout(self) -> None:
         """Lay the buffers out again if a tensor left its place since the last sync (its
         ``.data`` was replaced, or the model holds a new buffer object)."""
-        buffers = floating_buffers(self._model)
-        moved = self.flat.stale() or first_replaced(buffers, self._buffers)
-        if moved is not None:
-            log.info("rank %d: %s no longer views its flat buffer; laying the averaged "
-                     "tensors out again", self._runtime.rank, moved)
-            self._buffers = buffers
-            self.flat = FlatParameters(list(self._named) + buffers, previous=self.flat)
+        self.flat, self._buffers = current_layout(self.flat, self._named, self._model,
+                                                  self._buffers, self._runtime.rank)
 
     def extra_state(self) -> dict:
         state = super().extra_state()
