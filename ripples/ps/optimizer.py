@@ -14,7 +14,7 @@ from . import policies
 from .community import CommunityStep
 from .epsp import TaskRunner
 from .context import PSContext
-from .transport import from_wire, state_from_wire, state_to_wire, to_wire, wire_nbytes
+from .transport import from_wire, pack, state_from_wire, state_to_wire, to_wire, unpack
 
 
 class PSOptimizer(OptimizerWrapper):
@@ -417,33 +417,41 @@ class PSOptimizer(OptimizerWrapper):
               advance=True) -> None:
         hyper = self._changed_hyperparameters()
         sources = [p.grad for p in self.params] if grads is None else grads
-        for server in self.servers:
-            grads, seen = {}, {}
+        pool = self.channel.pool
+        for server in self.members():
+            sent, tensors, seen = [], [], {}
             for c in self.server_chunks[server]:
                 grad = sources[c.param]
                 # No gradient (frozen or unused here) is left out: the servers' optimizer
                 # then skips the chunk, as torch skips a parameter whose grad is None.
                 if not skip and grad is not None:
-                    grads[c.cid] = to_wire(grad.detach().reshape(-1)[c.start:c.stop])
+                    sent.append(c.cid)
+                    tensors.append(grad.detach().reshape(-1)[c.start:c.stop]
+                                   .to(self.params[c.param].dtype))
                 seen[c.cid] = self.versions[c.cid]
-            self.stats["bytes_pushed_per_server"][server] += wire_nbytes(grads.values())
+            payload = pack(pool, tensors)
+            self.stats["bytes_pushed_per_server"][server] += payload.nbytes
             message = {"kind": "push", "sid": self.sid, "w": self.worker, "clock": self.clock,
-                       "grads": grads, "computed_on": seen, "factor": factor,
+                       "chunks": sent, "computed_on": seen, "factor": factor,
                        "map": self.map.version}
             if hyper is not None:
                 message["hyper"] = hyper
             if skip:
                 message["skip"] = True
             message.update(extra or {})
-            self.channel.send(server, message)
+            self.channel.send(server, message, payload, lambda b=payload: pool.give(b))
         if advance:
             self.pushes += 1
             self.clock += 1
 
+    def members(self) -> List[int]:
+        """The servers this worker pushes to and pulls from under its current map."""
+        return list(self.map.members)
+
     def _request_pull(self) -> Dict[int, int]:
         return {s: self.channel.send(s, {"kind": "pull", "sid": self.sid, "w": self.worker,
                                          "after": self.clock, "map": self.map.version})
-                for s in self.servers}
+                for s in self.members()}
 
     def _wait_all(self, rids: Dict[int, int], what: str, count_blocked=True) -> Dict[int, dict]:
         began = time.monotonic()
@@ -456,7 +464,7 @@ class PSOptimizer(OptimizerWrapper):
     def _install_all(self, answers: Dict[int, dict]) -> None:
         for server, answer in answers.items():
             self._install(server, answer)
-        first = answers[self.servers[0]]
+        first = answers[min(answers)]
         if "plan" in first:
             self.last_plan = first["plan"]
         self.total_pushes = max(self.total_pushes, first.get("total_pushes", 0))
@@ -466,13 +474,16 @@ class PSOptimizer(OptimizerWrapper):
             self.clock = max(self.clock, min(a["rounds"] for a in answers.values()))
 
     def _install(self, server: int, answer: dict) -> None:
-        arrays = answer["params"]
-        self.stats["bytes_pulled_per_server"][server] += wire_nbytes(arrays.values())
+        payload = answer.pop("_payload", None)
+        chunks = [self.map.chunks[cid] for cid in answer["chunks"]]
+        views = unpack(payload, [(c.stop - c.start, self.params[c.param].dtype) for c in chunks])
+        self.stats["bytes_pulled_per_server"][server] += 0 if payload is None else payload.nbytes
         with torch.no_grad():
-            for c in self.server_chunks[server]:
-                flat = self.params[c.param].data.view(-1)
-                flat[c.start:c.stop].copy_(from_wire(arrays[c.cid]))
+            for c, view in zip(chunks, views):
+                self.params[c.param].data.view(-1)[c.start:c.stop].copy_(view)
                 self.versions[c.cid] = answer["versions"][c.cid]
+        if payload is not None:
+            self.channel.pool.give(payload)
         self._note_versions(server, answer)
 
     def _note_versions(self, server: int, answer: dict) -> None:

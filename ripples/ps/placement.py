@@ -50,12 +50,21 @@ class Chunk:
 
 @dataclasses.dataclass(frozen=True)
 class ChunkMap:
-    """A versioned assignment chunk -> server. ``owners[i]`` owns ``chunks[i]``."""
+    """A versioned assignment chunk -> server. ``owners[i]`` owns ``chunks[i]``.
+
+    ``active`` lists the servers workers talk to (every owner is one; a server may be
+    active without chunks under a static placement); empty means all ``num_servers``.
+    The others are spares, idle until a new map gives them chunks."""
 
     version: int
     num_servers: int
     chunks: Tuple[Chunk, ...]
     owners: Tuple[int, ...]
+    active: Tuple[int, ...] = ()
+
+    @property
+    def members(self) -> Tuple[int, ...]:
+        return self.active or tuple(range(self.num_servers))
 
     def chunks_of(self, server: int) -> List[Chunk]:
         """The chunks owned by ``server``, in chunk-id order."""

@@ -46,8 +46,8 @@ import torch
 from mpi4py import MPI
 
 from . import casp, policies, tasks
-from .transport import (REPLY, REQUEST, Backoff, Outbox, from_wire, state_from_wire,
-                        state_to_wire, to_wire, wire_nbytes)
+from .transport import (PROTOCOL, REPLY, REQUEST, Backoff, BufferPool, Outbox, from_wire,
+                        pack, receive, state_from_wire, state_to_wire, unpack)
 
 
 def serve(comm, num_servers: int, timeout_s: float) -> None:
@@ -67,6 +67,7 @@ class Server:
         self.num_workers = comm.Get_size() - num_servers
         self.timeout_s = timeout_s
         self.outbox = Outbox(comm)
+        self.pool = BufferPool()
         self.sessions: Dict[int, Session] = {}
         self.early: Dict[int, List[dict]] = {}
         self.byes = set()
@@ -74,11 +75,16 @@ class Server:
         self.delayed: list = []
         self.sequence = itertools.count()
 
-    def reply(self, worker: int, message: dict, delay_s: float = 0.0) -> None:
+    def reply(self, worker: int, message: dict, delay_s: float = 0.0, payload=None) -> None:
+        """Answer ``worker``; ``payload`` (a buffer of ``self.pool``) goes back to the pool
+        once sent."""
+        def send():
+            done = None if payload is None else (lambda: self.pool.give(payload))
+            self.outbox.send(self.num_servers + worker, message, REPLY, payload, done)
         if delay_s > 0:
-            self.later(delay_s, lambda: self.outbox.send(self.num_servers + worker, message, REPLY))
+            self.later(delay_s, send)
         else:
-            self.outbox.send(self.num_servers + worker, message, REPLY)
+            send()
 
     def later(self, delay_s: float, action) -> None:
         heapq.heappush(self.delayed, (time.monotonic() + delay_s, next(self.sequence), action))
@@ -90,8 +96,7 @@ class Server:
         while len(self.byes) < self.num_workers:
             busy = False
             while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=REQUEST, status=status):
-                source = status.Get_source()
-                self.receive(self.comm.recv(source=source, tag=REQUEST))
+                self.take(status.Get_source())
                 busy = True
             now = time.monotonic()
             while self.delayed and self.delayed[0][0] <= now:
@@ -107,6 +112,46 @@ class Server:
             else:
                 backoff.idle()
         self.outbox.flush(time.monotonic() + self.timeout_s, f"parameter server {self.index}")
+
+    def take(self, source: int) -> None:
+        """Receive one request from ``source``; a malformed one is answered with an error
+        (when it comes from a worker) and dropped, never ending this loop."""
+        header = None
+        try:
+            header, payload = receive(self.comm, source, REQUEST, self.pool, self.timeout_s,
+                                      f"parameter server {self.index}")
+            problem = self.malformed(source, header)
+            if problem is None:
+                if payload is not None:
+                    header["_payload"] = payload
+                self.receive(header)
+                return
+        except Exception as exc:  # noqa: BLE001 - one bad message must not end the server
+            problem = f"could not handle the message: {exc!r}"
+        print(f"ripples.ps server {self.index}: bad message from rank {source}: {problem}",
+              file=sys.stderr, flush=True)
+        if source >= self.num_servers:
+            rid = header.get("rid") if isinstance(header, dict) else None
+            self.outbox.send(source, {"rid": rid if isinstance(rid, int) else None,
+                                      "error": f"bad message: {problem}"}, REPLY)
+
+    def malformed(self, source: int, header) -> str:
+        """Why ``header`` from rank ``source`` cannot be handled, or None."""
+        if not isinstance(header, dict):
+            return f"expected a dict header, got {type(header).__name__}"
+        if header.get("v") != PROTOCOL:
+            return (f"protocol version {header.get('v')!r}, this server speaks {PROTOCOL} "
+                    f"(every rank must run the same ripples)")
+        if source < self.num_servers:
+            return None if header.get("kind") == "adopt" else "servers send only 'adopt'"
+        worker = source - self.num_servers
+        if header.get("w") != worker:
+            return f"field 'w' is {header.get('w')!r}, the sender is worker {worker}"
+        if header.get("kind") not in KINDS:
+            return f"unknown kind {header.get('kind')!r} (known: {sorted(KINDS)})"
+        if header["kind"] != "bye" and not isinstance(header.get("sid"), int):
+            return f"field 'sid' must be an integer session id, got {header.get('sid')!r}"
+        return None
 
     def receive(self, message: dict) -> None:
         worker = message["w"]
@@ -135,6 +180,9 @@ class Server:
         self.byes.add(worker)
         for session in self.sessions.values():
             session.joined.add(worker)
+
+
+KINDS = {"bye", "init", "push", "pull", "task", "join", "stats", "state", "load", "remap"}
 
 
 class FailedSession:
@@ -267,9 +315,22 @@ class Session:
         self.stats["busy_s"] += time.monotonic() - began
         self.progress(time.monotonic())
 
+    def decode(self, message: dict) -> Dict[int, torch.Tensor]:
+        """The gradients a push carries, as views into its payload, by chunk id."""
+        cids = message["chunks"]
+        missing = [cid for cid in cids if cid not in self.chunks]
+        if missing:
+            raise ValueError(f"push from worker {message['w']} carries chunks {missing} that "
+                             f"server {self.server.index} does not own (map version "
+                             f"{message.get('map')}, this server holds {self.map_version})")
+        views = unpack(message.pop("_payload", None),
+                       [(self.chunks[cid].numel(), self.chunks[cid].dtype) for cid in cids])
+        return dict(zip(cids, views))
+
     def on_push(self, worker: int, message: dict) -> None:
-        grads = message["grads"]
-        self.stats["bytes_in"] += wire_nbytes(grads.values())
+        grads = message["grads"] = self.decode(message)
+        message["nbytes"] = sum(g.numel() * g.element_size() for g in grads.values())
+        self.stats["bytes_in"] += message["nbytes"]
         self.pushes[worker] += 1
         if "hyper" in message:
             self.hyper_of[worker] = message["hyper"]
@@ -291,7 +352,7 @@ class Session:
         else:
             factor = policies.apply_factor(self.spec, delay, message["factor"])
             self.use_hyper(message["use_hyper"])
-            self.apply({cid: from_wire(g) for cid, g in grads.items()}, factor)
+            self.apply(grads, factor)
         self.record(worker, delay)
 
     def on_community_push(self, message: dict) -> None:
@@ -299,7 +360,7 @@ class Session:
         members = message["members"]
         key = ",".join(map(str, members))
         per = self.stats["bytes_in_per_community"]
-        per[key] = per.get(key, 0) + wire_nbytes(message["grads"].values())
+        per[key] = per.get(key, 0) + message["nbytes"]
         for w in members:
             if w != message["w"]:
                 self.pushes[w] += 1
@@ -341,7 +402,6 @@ class Session:
         if part["lowest"] is None or worker < part["lowest"]:
             part["lowest"], part["hyper"] = worker, message["use_hyper"]
         for cid, g in message["grads"].items():
-            g = from_wire(g)
             part["grads"][cid] = part["grads"][cid] + g if cid in part["grads"] else g
         self.record(worker, self.delay_of(message))
         self.close_task_rounds()
@@ -433,7 +493,6 @@ class Session:
                 total = {}
                 for message in messages:
                     for cid, g in message["grads"].items():
-                        g = from_wire(g)
                         total[cid] = total[cid] + g if cid in total else g
                 self.use_hyper(messages[kept.index(min(kept))]["use_hyper"])
                 self.apply({cid: g / len(messages) for cid, g in total.items()}, 1.0)
@@ -507,16 +566,17 @@ class Session:
         self.joins = []
 
     def send_params(self, worker: int, rid: int, extra: dict) -> None:
-        arrays = {cid: to_wire(t).copy() for cid, t in self.chunks.items()}
-        self.stats["bytes_out"] += wire_nbytes(arrays.values())
-        message = {"rid": rid, "params": arrays, "versions": dict(self.versions),
+        cids = sorted(self.chunks)
+        payload = pack(self.server.pool, [self.chunks[cid] for cid in cids])
+        self.stats["bytes_out"] += payload.nbytes
+        message = {"rid": rid, "chunks": cids, "versions": dict(self.versions),
                    "rounds": self.rounds.applied, "pushes": self.pushes[worker],
                    "total_pushes": sum(self.pushes),
                    "applied_mine": self.applied_from[worker], **extra}
         if self.controller is not None:
             message["plan"] = (self.controller.version,
                                casp.labels(self.controller.plan, self.num_workers))
-        self.server.reply(worker, message, self.delay_s)
+        self.server.reply(worker, message, self.delay_s, payload)
 
     def snapshot(self) -> dict:
         stats = dict(self.stats)
