@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import time
 
@@ -15,17 +16,20 @@ class PSContext:
 
     ``worker_comm``: the workers only (ranks 0..W-1), the runtime's world in PS mode.
     ``ps_comm``: a private duplicate of the world; servers are its ranks 0..S-1 and worker
-    ``w`` is rank ``S + w``. ``channel`` carries the requests and answers.
+    ``w`` is rank ``S + w``. ``channel`` carries the requests and answers. The last
+    ``spare`` of the ``num_servers`` servers start idle (elastic scaling, see ``psld``).
     """
 
-    def __init__(self, ps_comm, worker_comm, num_servers: int, timeout_s: float):
+    def __init__(self, ps_comm, worker_comm, num_servers: int, timeout_s: float, spare: int = 0):
         self.ps_comm = ps_comm
         self.worker_comm = worker_comm
         self.num_servers = num_servers
+        self.spare = spare
         self.num_workers = ps_comm.Get_size() - num_servers
         self.worker = ps_comm.Get_rank() - num_servers
         self.timeout_s = timeout_s
         self.channel = Channel(ps_comm, num_servers)
+        self.channel.timeout_s = timeout_s
         self._sessions = 0
         self._closed = False
 
@@ -47,13 +51,17 @@ class PSContext:
         self.channel.outbox.flush(time.monotonic() + self.timeout_s, "PS shutdown")
 
 
-def make_context(world_comm, num_servers: int, timeout_s: float) -> PSContext:
+def make_context(world_comm, num_servers: int, timeout_s: float, spare: int = 0) -> PSContext:
     """Create the PS communicators (collective over ``world_comm``, same order everywhere).
 
-    Returns a context on every rank; ``context.worker < 0`` on servers, whose
-    ``worker_comm`` is ``MPI.COMM_NULL``.
+    ``num_servers`` counts the spares too. Returns a context on every rank;
+    ``context.worker < 0`` on servers, whose ``worker_comm`` is ``MPI.COMM_NULL``.
     """
     size = world_comm.Get_size()
+    if not isinstance(spare, int) or not 0 <= spare < num_servers:
+        raise ValueError(f"spare parameter servers must be an integer in [0, {num_servers - 1}] "
+                         f"(fewer than the {num_servers} servers, so that one starts active), "
+                         f"got {spare!r}; set RIPPLES_PS_SPARE or --ps-spare accordingly")
     if not isinstance(num_servers, int) or not 0 < num_servers < size:
         raise ValueError(f"ps_servers must be an integer in [1, {size - 1}] for a job of "
                          f"{size} ranks (at least one rank must be a worker), got {num_servers!r}")
@@ -61,19 +69,34 @@ def make_context(world_comm, num_servers: int, timeout_s: float) -> PSContext:
     ps_comm = world_comm.Dup()
     color = 0 if rank >= num_servers else MPI.UNDEFINED
     worker_comm = world_comm.Split(color, key=rank)
-    return PSContext(ps_comm, worker_comm, num_servers, timeout_s)
+    return PSContext(ps_comm, worker_comm, num_servers, timeout_s, spare)
 
 
-def start(world_comm, config) -> PSContext:
-    """Enter parameter-server mode with ``config.ps_servers`` servers.
+def spare_from_env() -> int:
+    """``RIPPLES_PS_SPARE`` (set by ``ripplesrun --ps-spare S``), 0 when unset."""
+    text = os.environ.get("RIPPLES_PS_SPARE", "").strip()
+    try:
+        value = int(text or 0)
+    except ValueError:
+        raise ValueError(f"RIPPLES_PS_SPARE={text!r} must be an integer >= 0 (spare "
+                         f"parameter servers)") from None
+    if value < 0:
+        raise ValueError(f"RIPPLES_PS_SPARE={value} must be >= 0")
+    return value
 
-    On the first ``config.ps_servers`` ranks this serves until every worker has shut down,
-    then finalizes MPI and exits the process with status 0 (the rest of the script does not
-    run there). On the other ranks it returns the worker's ``PSContext``.
+
+def start(world_comm, config, spare=None) -> PSContext:
+    """Enter parameter-server mode with ``config.ps_servers`` active servers and ``spare``
+    idle ones (default ``RIPPLES_PS_SPARE``, else 0), which PSLD can scale out onto.
+
+    On the first ``config.ps_servers + spare`` ranks this serves until every worker has shut
+    down, then finalizes MPI and exits the process with status 0 (the rest of the script
+    does not run there). On the other ranks it returns the worker's ``PSContext``.
     """
     from .server import serve
 
-    context = make_context(world_comm, config.ps_servers, config.timeout_s)
+    spare = spare_from_env() if spare is None else spare
+    context = make_context(world_comm, config.ps_servers + spare, config.timeout_s, spare)
     if context.worker < 0:
         serve(context.ps_comm, context.num_servers, config.timeout_s)
         context.ps_comm.Free()

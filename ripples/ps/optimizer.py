@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from typing import Dict, List, Optional
 
@@ -11,6 +12,8 @@ from ..errors import MismatchError, RipplesError
 from ..optim_wrapper import OptimizerWrapper
 from . import placement as placement_mod
 from . import policies
+from . import psld as psld_mod
+from .balancer import Balancer
 from .community import CommunityStep
 from .epsp import TaskRunner
 from .context import PSContext
@@ -82,7 +85,7 @@ class PSOptimizer(OptimizerWrapper):
                  staleness=None, placement="roundrobin", chunk_bytes=4 << 20,
                  eager_scale="inverse", max_lag=None, coupled=False, timeout_s=60,
                  backup_workers=1, link_delay_s=0.0, controller=None, communities=None,
-                 regroup_every=None, tasks_per_clock=None, rebalance_every=None):
+                 regroup_every=None, tasks_per_clock=None, rebalance_every=None, psld=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         if not isinstance(context, PSContext) or context.worker < 0:
@@ -98,13 +101,13 @@ class PSOptimizer(OptimizerWrapper):
         try:
             self._validate(optimizer, named_parameters, policy, staleness, placement, chunk_bytes,
                            eager_scale, max_lag, coupled, timeout_s, backup_workers, link_delay_s,
-                           communities, regroup_every, tasks_per_clock, rebalance_every)
+                           communities, regroup_every, tasks_per_clock, rebalance_every, psld)
         except (TypeError, ValueError, RipplesError) as exc:
             problem = exc
         placement_name = getattr(placement, "__qualname__", placement)  # no addresses
         self._check_same_everywhere(problem, policy, staleness, backup_workers, eager_scale,
                                     max_lag, coupled, chunk_bytes, placement_name, communities,
-                                    regroup_every, tasks_per_clock, rebalance_every)
+                                    regroup_every, tasks_per_clock, rebalance_every, psld)
         self.sid = context.new_session_id()
         self.servers = list(range(context.num_servers))
         self.server_chunks = {s: self.map.chunks_of(s) for s in self.servers}
@@ -118,21 +121,26 @@ class PSOptimizer(OptimizerWrapper):
         self.server_stats: Optional[List[dict]] = None
         self.stats = {"steps": 0, "bytes_pushed_per_server": [0] * len(self.servers),
                       "bytes_pulled_per_server": [0] * len(self.servers), "time_blocked_s": 0.0,
-                      "expected_tau_hist": {}, "gate_log": [], "blocked_by_max_lag": 0}
+                      "expected_tau_hist": {}, "gate_log": [], "blocked_by_max_lag": 0,
+                      "redirects": 0, "map_versions": []}
         if self.worker == 0:
             self._send_init(optimizer, self.groups)
         self._sent_hyper: Optional[List[dict]] = None  # every worker sends its groups once
         self.optimizer.state.clear()  # the servers hold it from now on
         self.last_plan = None
+        self.last_profiles: Dict[int, Dict[int, float]] = {}
+        self.announced_version = 0  # the newest map version worker 0 has announced
+        self.balancer = None
         self.total_pushes = 0  # pushes of all workers, as of the last pull (a CASP round
         # counts once per member): the servers' view of global progress in worker steps
         self._install_all(self._wait_all(self._request_pull(), "initial pull", count_blocked=False))
         self.community = CommunityStep(self) if self.spec.name == "casp" else None
+        self.balancer = Balancer(self, self.psld_config) if self.psld_config else None
         self.tasks = TaskRunner(self) if self.spec.name in policies.TASK_POLICIES else None
 
     def _validate(self, optimizer, named_parameters, policy, staleness, placement, chunk_bytes,
                   eager_scale, max_lag, coupled, timeout_s, backup_workers, link_delay_s,
-                  communities, regroup_every, tasks_per_clock, rebalance_every):
+                  communities, regroup_every, tasks_per_clock, rebalance_every, psld):
         context = self.context
         if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
@@ -148,7 +156,19 @@ class PSOptimizer(OptimizerWrapper):
         self.names, self.params, groups = _collect(optimizer, named_parameters)
         infos = [placement_mod.ParamInfo(n, p.numel(), p.element_size())
                  for n, p in zip(self.names, self.params)]
-        self.map = placement_mod.plan(infos, context.num_servers, placement, chunk_bytes)
+        active = context.num_servers - context.spare
+        self.map = placement_mod.plan(infos, active, placement, chunk_bytes)
+        if context.spare:
+            self.map = dataclasses.replace(self.map, num_servers=context.num_servers,
+                                           active=tuple(range(active)))
+        if psld is True:
+            psld = psld_mod.PSLDConfig()
+        if psld is not None and not isinstance(psld, psld_mod.PSLDConfig):
+            raise TypeError(f"psld must be None, True or a ripples.ps.psld.PSLDConfig, got {psld!r}")
+        if psld is not None and policy != "bsp":
+            raise ValueError(f"psld moves chunks at BSP round boundaries: use policy='bsp' "
+                             f"with psld (got policy={policy!r})")
+        self.psld_config = psld
         self.groups = groups
         if self.controller is not None and not callable(self.controller):
             raise TypeError("controller must be None or a callable controller(ps_optimizer)")
@@ -175,10 +195,16 @@ class PSOptimizer(OptimizerWrapper):
         elif self.spec.decoupled:
             self._eager_step(skip)
         else:
+            if self.balancer is not None:
+                self.balancer.pushing()
             self._push(1.0, skip)
             answers = self._wait_all(self._request_pull(), f"pull after step {self.clock}")
+            if self.balancer is not None:
+                self.balancer.pulled(answers)
             self._install_all(answers)
         self.stats["steps"] += 1
+        if self.balancer is not None:
+            self.balancer.boundary()
         if self.controller is not None:
             self.controller(self)
         return loss
@@ -310,6 +336,8 @@ class PSOptimizer(OptimizerWrapper):
             out["community"] = dict(self.community.stats, plans=[
                 (v, [list(c) for c in plan]) for v, plan in self.community.stats["plans"]])
             out["speed_ema_s"] = servers[0].get("speed_ema_s", {})
+        if self.balancer is not None:
+            out["psld"] = self.balancer.summary()
         if self.tasks is not None:
             out["tasks"] = dict(self.tasks.stats)
             out["task_board"] = servers[0].get("tasks", {})
@@ -436,6 +464,8 @@ class PSOptimizer(OptimizerWrapper):
                        "map": self.map.version}
             if hyper is not None:
                 message["hyper"] = hyper
+            if self.balancer is not None:
+                message["prof"] = self.balancer.profile()
             if skip:
                 message["skip"] = True
             message.update(extra or {})
@@ -462,8 +492,16 @@ class PSOptimizer(OptimizerWrapper):
         return answers
 
     def _install_all(self, answers: Dict[int, dict]) -> None:
+        installed = set()
         for server, answer in answers.items():
             self._install(server, answer)
+            installed.update(answer["chunks"])
+            if "profiles" in answer:
+                self.last_profiles = answer["profiles"]
+        newest = max(answers.values(), key=lambda a: a.get("map", 0))
+        if newest.get("map", 0) > self.map.version:
+            self._adopt_map(newest)
+            self._redirect(installed, answers)
         first = answers[min(answers)]
         if "plan" in first:
             self.last_plan = first["plan"]
@@ -472,6 +510,72 @@ class PSOptimizer(OptimizerWrapper):
             self.stats["gate_log"].append((first["pushes"], first["min_pushes"]))
         if self.spec.name == "syncopt":
             self.clock = max(self.clock, min(a["rounds"] for a in answers.values()))
+
+    def move_chunks(self, owners, active=None) -> int:
+        """Announce a new chunk map (worker 0, between steps, ``policy="bsp"``): chunk ``i``
+        moves to server ``owners[i]`` from the round after the next one on; ``active``
+        (default: the servers that own chunks) are the servers workers talk to, so a server
+        left without chunks returns to spare and a spare given chunks becomes active.
+
+        The move happens live (see ``ripples.ps.migration``); every worker picks up the
+        map from its next pull answers. Returns the new map version. Raises ValueError
+        for an owner that is not a server, or when called off worker 0, under another policy
+        or before the previous announced map is in use.
+        """
+        owners = tuple(int(o) for o in owners)
+        problem = None
+        if self.worker != 0:
+            problem = f"only worker 0 moves chunks (this is worker {self.worker})"
+        elif self.spec.name != "bsp":
+            problem = f"chunks move at BSP round boundaries; this session runs {self.spec.name!r}"
+        elif len(owners) != len(self.map.chunks):
+            problem = f"owners has {len(owners)} entries for {len(self.map.chunks)} chunks"
+        elif not all(0 <= o < self.map.num_servers for o in owners):
+            problem = f"owners must be servers 0..{self.map.num_servers - 1}, got {owners}"
+        elif self.announced_version != self.map.version:
+            problem = (f"map version {self.announced_version} is announced but not in use yet: "
+                       f"step() once more before moving chunks again")
+        if problem:
+            raise ValueError(f"move_chunks: {problem}")
+        active = tuple(sorted(set(owners) if active is None else set(active)))
+        if not set(owners) <= set(active):
+            raise ValueError(f"move_chunks: active {active} must include every owner")
+        self.announced_version = self.map.version + 1
+        order = {"kind": "remap", "sid": self.sid, "w": self.worker, "version": self.announced_version,
+                 "owners": owners, "active": active, "effective": self.clock + 1}
+        for server in self.servers:
+            self.channel.send(server, dict(order))
+        return self.announced_version
+
+    def _adopt_map(self, answer: dict) -> None:
+        """Work under the newer chunk map a server answered with (see ``migration``)."""
+        self.map = dataclasses.replace(self.map, version=answer["map"],
+                                       owners=tuple(answer["owners"]),
+                                       active=tuple(answer["active"]))
+        self.server_chunks = {s: self.map.chunks_of(s) for s in self.servers}
+        self.stats["map_versions"].append((self.clock, self.map.version))
+        if self.balancer is not None:
+            self.balancer.map_changed()
+
+    def _redirect(self, installed: set, answers: Dict[int, dict]) -> None:
+        """Pull the chunks an old owner no longer had from their new owners."""
+        missing = [c for c in self.map.chunks if c.cid not in installed]
+        if not missing:
+            return
+        owners = sorted({self.map.owners[c.cid] for c in missing})
+        self.stats["redirects"] += len(owners)
+        rids = {s: self.channel.send(s, {"kind": "pull", "sid": self.sid, "w": self.worker,
+                                         "after": self.clock, "map": self.map.version})
+                for s in owners}
+        more = self._wait_all(rids, f"pull redirected to servers {owners}")
+        for server, answer in more.items():
+            self._install(server, answer)
+            installed.update(answer["chunks"])
+        still = [c.cid for c in self.map.chunks if c.cid not in installed]
+        if still:
+            raise RipplesError(f"worker {self.worker}: chunks {still} were not on their owners "
+                               f"under map version {self.map.version} after a redirect")
+        answers.update(more)
 
     def _install(self, server: int, answer: dict) -> None:
         payload = answer.pop("_payload", None)
@@ -503,8 +607,8 @@ class PSOptimizer(OptimizerWrapper):
                 "kind": "init", "sid": self.sid, "w": self.worker, "chunks": chunks, "state": state,
                 "opt_class": type(optimizer), "defaults": dict(optimizer.defaults),
                 "groups": hyper, "spec": self.spec, "link_delay_s": self.link_delay_s,
-                "map_version": self.map.version,
-                "timeout_s": self.timeout_s})
+                "map_version": self.map.version, "owners": self.map.owners,
+                "active": self.map.members, "timeout_s": self.timeout_s})
 
     def _check_same_everywhere(self, problem, *arguments) -> None:
         params = [] if problem else list(zip(self.names, self.params))

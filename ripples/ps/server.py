@@ -45,7 +45,7 @@ from typing import Dict, List
 import torch
 from mpi4py import MPI
 
-from . import casp, policies, tasks
+from . import casp, migration, policies, slowness, tasks
 from .transport import (PROTOCOL, REPLY, REQUEST, Backoff, BufferPool, Outbox, from_wire,
                         pack, receive, state_from_wire, state_to_wire, unpack)
 
@@ -63,6 +63,8 @@ class Server:
     def __init__(self, comm, num_servers: int, timeout_s: float):
         self.comm = comm
         self.index = comm.Get_rank()
+        self.cost = slowness.from_env(self.index, num_servers)
+        self.busy_s = 0.0
         self.num_servers = num_servers
         self.num_workers = comm.Get_size() - num_servers
         self.timeout_s = timeout_s
@@ -96,16 +98,19 @@ class Server:
         while len(self.byes) < self.num_workers:
             busy = False
             while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=REQUEST, status=status):
+                began = time.monotonic()
                 self.take(status.Get_source())
+                self.busy_s += time.monotonic() - began
                 busy = True
             now = time.monotonic()
             while self.delayed and self.delayed[0][0] <= now:
                 heapq.heappop(self.delayed)[2]()
                 busy = True
             if busy or now - last_tick > 0.01:
-                for session in self.sessions.values():
+                for session in list(self.sessions.values()):
                     session.tick(now)
                 last_tick = now
+                self.busy_s += time.monotonic() - now
             self.outbox.progress()
             if busy:
                 backoff.reset()
@@ -124,6 +129,8 @@ class Server:
             if problem is None:
                 if payload is not None:
                     header["_payload"] = payload
+                if self.cost is not None:
+                    self.cost.charge(0 if payload is None else payload.nbytes)
                 self.receive(header)
                 return
         except Exception as exc:  # noqa: BLE001 - one bad message must not end the server
@@ -154,6 +161,9 @@ class Server:
         return None
 
     def receive(self, message: dict) -> None:
+        if message["kind"] == "adopt":  # a chunk handed over by another server
+            self.to_session(message)
+            return
         worker = message["w"]
         self.last_seen[worker] = time.monotonic()
         kind = message["kind"]
@@ -162,15 +172,20 @@ class Server:
             delay = max((s.delay_s for s in self.sessions.values()), default=0.0)
             self.later(delay, lambda: self.leave(worker))
             return
-        sid = message["sid"]
         if kind == "init":
+            sid = message["sid"]
             try:
                 self.sessions[sid] = Session(self, message)
             except Exception as exc:  # noqa: BLE001 - reported to the workers, not fatal here
                 self.sessions[sid] = FailedSession(self, f"could not set up the session: {exc!r}")
             for queued in self.early.pop(sid, []):
                 self.sessions[sid].deliver(queued)
-        elif sid in self.sessions:
+        else:
+            self.to_session(message)
+
+    def to_session(self, message: dict) -> None:
+        sid = message["sid"]
+        if sid in self.sessions:
             self.sessions[sid].deliver(message)
         else:
             self.early.setdefault(sid, []).append(message)
@@ -195,7 +210,7 @@ class FailedSession:
         self.joined = set()
 
     def deliver(self, message: dict) -> None:
-        if message["kind"] != "push":
+        if message["kind"] not in ("push", "adopt"):
             self.server.reply(message["w"], {"rid": message["rid"], "error": self.error})
 
     def tick(self, now: float) -> None:
@@ -215,20 +230,28 @@ class Session:
         self.num_workers = server.num_workers
         self.chunks: Dict[int, torch.Tensor] = {}
         self.versions: Dict[int, int] = {}
-        groups: Dict[int, list] = {}
+        self.group_of: Dict[int, int] = {}
         for cid, group, array in init["chunks"]:
-            tensor = from_wire(array)
-            self.chunks[cid] = tensor
+            self.chunks[cid] = from_wire(array)
             self.versions[cid] = 0
-            groups.setdefault(group, []).append(tensor)
+            self.group_of[cid] = group
+        self.opt_class, self.defaults = init["opt_class"], init["defaults"]
         self.optimizer = None
-        self.group_ids = sorted(groups)  # the worker's group index of each local group
-        self.default_hyper = init["groups"]
+        self.group_ids: List[int] = []  # the worker's group index of each local group
+        self.default_hyper = self.current_hyper = init["groups"]
         self.hyper_of: Dict[int, list] = {}  # the groups each worker sent last
-        if self.chunks:
-            param_groups = [dict(init["groups"][g], params=groups[g]) for g in self.group_ids]
-            self.optimizer = init["opt_class"](param_groups, **init["defaults"])
+        self.adopted_state: Dict[int, dict] = {}
+        self.rebuild_optimizer()
+        if self.optimizer is not None:
             self.set_state(init.get("state", {}))
+        # Live migration (see migration.py): the map this server works under, maps
+        # announced for a later round, chunks it waits for, messages of a newer map.
+        self.owners = tuple(init.get("owners", ()))
+        self.active_servers = tuple(init.get("active", ()))
+        self.pending_maps: List[dict] = []
+        self.incoming: set = set()
+        self.future: List[dict] = []
+        self.profiles: Dict[int, dict] = {}
         self.rounds = policies.Rounds(self.spec.quorum)
         self.buffered: Dict[tuple, dict] = {}
         self.pushes = [0] * self.num_workers
@@ -240,7 +263,9 @@ class Session:
         self.stats = {"bytes_in": 0, "bytes_out": 0, "busy_s": 0.0, "updates": 0, "dropped": 0,
                       "skipped": 0,
                       "staleness_hist": {}, "pushes_per_worker": self.pushes,
-                      "applied_per_worker": self.applied_from}
+                      "applied_per_worker": self.applied_from, "chunks_in": 0,
+                      "chunks_out": 0, "bytes_moved_out": 0, "redirected_pulls": 0,
+                      "queued_for_newer_map": 0}
         self.last_heartbeat = time.monotonic()
         self.controller = None
         self.board = None
@@ -269,8 +294,9 @@ class Session:
         try:
             self.dispatch(message)
         except Exception as exc:  # noqa: BLE001 - the workers must hear about it, not hang
-            failed = self.fail(f"failed handling {message['kind']!r} from worker "
-                               f"{message['w']}: {exc!r}")
+            sender = (f"worker {message['w']}" if "w" in message
+                      else f"server {message.get('server')}")
+            failed = self.fail(f"failed handling {message['kind']!r} from {sender}: {exc!r}")
             failed.deliver(message)
 
     def tick(self, now: float) -> None:
@@ -291,11 +317,16 @@ class Session:
 
     def dispatch(self, message: dict) -> None:
         began = time.monotonic()
-        kind, worker = message["kind"], message["w"]
-        if message.get("map", self.map_version) != self.map_version:
-            raise ValueError(f"message built against chunk map version {message['map']}, "
-                             f"this server holds version {self.map_version}")
-        if kind == "push":
+        kind, worker = message["kind"], message.get("w")
+        if migration.waits(self, message):
+            self.future.append(message)
+            self.stats["queued_for_newer_map"] += 1
+            return
+        if kind == "adopt":
+            migration.on_adopt(self, message)
+        elif kind == "remap":
+            migration.on_remap(self, message)
+        elif kind == "push":
             self.on_push(worker, message)
         elif kind == "pull":
             self.pulls.append((worker, message["rid"], message["after"], began))
@@ -328,6 +359,8 @@ class Session:
         return dict(zip(cids, views))
 
     def on_push(self, worker: int, message: dict) -> None:
+        if "prof" in message:
+            self.profiles[worker] = message["prof"]
         grads = message["grads"] = self.decode(message)
         message["nbytes"] = sum(g.numel() * g.element_size() for g in grads.values())
         self.stats["bytes_in"] += message["nbytes"]
@@ -418,8 +451,30 @@ class Session:
             self.stats["tasks_applied"] += total
             self.rounds.applied += 1
 
+    def rebuild_optimizer(self) -> None:
+        """A fresh local optimizer over the chunks held now (after chunks came or went),
+        keeping every remaining chunk's state and taking the state of adopted ones."""
+        state = dict(self.optimizer.state) if self.optimizer is not None else {}
+        for cid, wire in self.adopted_state.items():
+            if wire:
+                state[self.chunks[cid]] = state_from_wire(wire)
+        self.adopted_state = {}
+        groups: Dict[int, list] = {}
+        for cid in sorted(self.chunks):
+            groups.setdefault(self.group_of[cid], []).append(self.chunks[cid])
+        self.group_ids = sorted(groups)
+        self.optimizer = None
+        if groups:
+            self.optimizer = self.opt_class(
+                [dict(self.current_hyper[g], params=groups[g]) for g in self.group_ids],
+                **self.defaults)
+            for tensor in self.chunks.values():
+                if tensor in state:
+                    self.optimizer.state[tensor] = state[tensor]
+
     def use_hyper(self, groups: list) -> None:
         """Give the local optimizer's groups the values of the workers' ``groups``."""
+        self.current_hyper = groups
         if self.optimizer is not None:
             for local, gid in zip(self.optimizer.param_groups, self.group_ids):
                 local.update(groups[gid])
@@ -480,7 +535,7 @@ class Session:
         return set(range(self.num_workers)) - self.joined - self.dead
 
     def close_rounds(self) -> None:
-        while self.rounds.ready(self.active()):
+        while not self.incoming and self.rounds.ready(self.active()):
             clock = self.rounds.applied
             kept, late = self.rounds.close()
             self.stats["dropped"] += len(late)
@@ -498,6 +553,7 @@ class Session:
                 self.apply({cid: g / len(messages) for cid, g in total.items()}, 1.0)
             for message, w in zip(messages, kept):
                 self.record(w, self.delay_of_round(message))
+            migration.switch_due(self)
 
     def delay_of_round(self, message: dict) -> int:
         # The round's update was counted in ``versions`` already.
@@ -506,8 +562,9 @@ class Session:
     def progress(self, now: float) -> None:
         if self.spec.name in policies.ROUND_POLICIES:
             self.close_rounds()
-        self.answer_pulls(now)
-        self.answer_joins(now)
+        if not self.incoming:  # answers wait for the chunks this server is taking over
+            self.answer_pulls(now)
+            self.answer_joins(now)
 
     def answer_pulls(self, now: float) -> None:
         waiting = []
@@ -569,10 +626,15 @@ class Session:
         cids = sorted(self.chunks)
         payload = pack(self.server.pool, [self.chunks[cid] for cid in cids])
         self.stats["bytes_out"] += payload.nbytes
+        if self.server.cost is not None:
+            self.server.cost.charge(payload.nbytes)
         message = {"rid": rid, "chunks": cids, "versions": dict(self.versions),
+                   "map": self.map_version, "owners": self.owners, "active": self.active_servers,
                    "rounds": self.rounds.applied, "pushes": self.pushes[worker],
                    "total_pushes": sum(self.pushes),
                    "applied_mine": self.applied_from[worker], **extra}
+        if worker == 0 and self.profiles:
+            message["profiles"] = dict(self.profiles)
         if self.controller is not None:
             message["plan"] = (self.controller.version,
                                casp.labels(self.controller.plan, self.num_workers))
@@ -585,6 +647,11 @@ class Session:
         stats["applied_per_worker"] = list(self.applied_from)
         stats["versions"] = dict(self.versions)
         stats["dead"] = sorted(self.dead)
+        stats["chunks"] = sorted(self.chunks)
+        stats["map_version"] = self.map_version
+        stats["rounds_applied"] = self.rounds.applied
+        stats["server_busy_s"] = self.server.busy_s
+        stats["checksum"] = {cid: float(t.double().sum()) for cid, t in self.chunks.items()}
         if self.controller is not None:
             stats["communities"] = [list(c) for c in self.controller.plan]
             stats["plan_version"] = self.controller.version

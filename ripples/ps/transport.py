@@ -275,6 +275,7 @@ class Channel:
                                        "answer")
             if payload is not None:
                 message["_payload"] = payload
+            message["_arrived"] = time.monotonic()
             if message.get("rid") is None:
                 self.unmatched_errors.append((source, message.get("error", repr(message))))
             elif message.get("heartbeat"):

@@ -1,0 +1,51 @@
+"""Live migration, elastic scaling, PSLD and robustness of the parameter servers under
+mpiexec (real processes). Each job runs once per module; each test checks its own line."""
+import sys
+
+import pytest
+
+from mpi_launch import TESTS_DIR, run_mpi
+
+
+def script(*args):
+    return [sys.executable, str(TESTS_DIR / "mpi" / "mpi_ps_psld.py"), *map(str, args)]
+
+
+@pytest.fixture(scope="module")
+def moves_output():
+    return run_mpi(script("moves"), 6, timeout=120, env={"RIPPLES_PS_SPARE": "1"}).stdout
+
+
+@pytest.fixture(scope="module")
+def psld_output():
+    env = {"RIPPLES_PS_SPARE": "1", "RIPPLES_SERVER_SLOWDOWN": "1:4",
+           "RIPPLES_SERVER_COST": "0.2:50"}
+    return run_mpi(script("psld"), 5, timeout=120, env=env).stdout
+
+
+def test_migration_under_concurrent_pushes_keeps_every_update(moves_output):
+    assert "migration under concurrent pushes OK" in moves_output
+
+
+def test_scale_out_onto_the_spare_and_scale_in(moves_output):
+    assert "scale-out and scale-in OK" in moves_output
+
+
+def test_a_pull_reaching_the_old_owner_is_redirected(moves_output):
+    assert "redirect from the old owner OK" in moves_output
+
+
+def test_bad_message_is_answered_and_the_server_keeps_serving(moves_output):
+    assert "bad message answered, server still serving OK" in moves_output
+
+
+def test_checkpoint_after_migrations_resumes_exactly(moves_output):
+    assert "checkpoint/resume after migrations OK" in moves_output
+
+
+def test_psld_moves_load_off_the_slowed_server(psld_output):
+    assert "psld moves load off the slow server OK" in psld_output
+
+
+def test_bad_exploration_is_rolled_back(psld_output):
+    assert "rollback after a bad exploration OK" in psld_output
