@@ -118,6 +118,9 @@ def _make_parser() -> argparse.ArgumentParser:
                         help="seconds before a blocked collective fails (RIPPLES_TIMEOUT_S)")
     parser.add_argument("--ps-servers", type=int, metavar="K",
                         help="ranks that become parameter servers (RIPPLES_PS_SERVERS)")
+    parser.add_argument("--ps-spare", type=int, metavar="S",
+                        help="further ranks that start as idle spare parameter servers, for "
+                             "PSLD to scale out onto (RIPPLES_PS_SPARE; needs --ps-servers)")
     parser.add_argument("--seed", type=int, metavar="N",
                         help="seed shared by all ranks (RIPPLES_SEED)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
@@ -158,6 +161,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.ps_servers is not None and not 0 <= args.ps_servers < args.np:
         parser.error(f"argument --ps-servers: must be in [0, {args.np - 1}] so that at least "
                      f"one of the {args.np} ranks is a worker, got {args.ps_servers}")
+    if args.ps_spare is not None:
+        if not args.ps_servers:
+            parser.error("argument --ps-spare: needs --ps-servers K >= 1 (spares back up "
+                         "active servers)")
+        if not 0 <= args.ps_spare < args.np - args.ps_servers:
+            parser.error(f"argument --ps-spare: must be in [0, {args.np - args.ps_servers - 1}] "
+                         f"so that {args.ps_servers} servers and the spares leave a worker among "
+                         f"the {args.np} ranks, got {args.ps_spare}")
     return args
 
 
@@ -172,6 +183,7 @@ def _ripples_settings(args: argparse.Namespace) -> Dict[str, str]:
         "RIPPLES_METRICS_PATH": args.metrics,
         "RIPPLES_TIMEOUT_S": None if args.timeout is None else repr(args.timeout),
         "RIPPLES_PS_SERVERS": None if args.ps_servers is None else str(args.ps_servers),
+        "RIPPLES_PS_SPARE": None if args.ps_spare is None else str(args.ps_spare),
         "RIPPLES_SEED": None if args.seed is None else str(args.seed),
         "RIPPLES_VERBOSE": "1" if args.verbose else None,
     }

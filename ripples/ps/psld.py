@@ -12,9 +12,9 @@ iterations measured under one map, then starts a fresh window:
 2. **Exploit.** Servers with ``T_k > (1 + delta) * median_k T_k`` straggle. Each server's
    cost per byte is ``T_k / bytes_k``; a spare (no bytes yet) is assumed to cost the median
    per byte of the active servers that do not straggle. Greedy min-max then moves, one at
-   a time, the chunk of the server with the largest predicted time to the server where
-   the largest predicted time becomes smallest, while that lowers the maximum (at most
-   ``max_moves`` chunks). Moving onto a spare is scale-out.
+   a time, a chunk of the server with the largest predicted time to the server where the
+   predicted times, largest first, become lexicographically smallest, while that improves
+   them (at most ``max_moves`` chunks). Moving onto a spare is scale-out.
 3. **Scale in.** With no straggler, the active server with the least load is returned to
    spare when spreading its chunks greedily over the others raises the predicted maximum
    by at most ``scale_in_slack`` (that is, when the load allows).
@@ -125,8 +125,8 @@ def greedy_minmax(sizes: Sequence[int], owners: Sequence[int], rate: Mapping[int
     """Move chunks to lower the largest predicted time ``rate[s] * bytes[s]``.
 
     First every chunk of a server in ``evict`` goes where it raises the maximum least; then,
-    up to ``max_moves`` times, the chunk of the most loaded server whose move lowers the
-    maximum most goes to its best server among ``candidates``. Pure; ties go to lower ids.
+    up to ``max_moves`` times, the chunk of the most loaded server whose move improves
+    ``score`` most goes to its best server among ``candidates``. Pure; ties go to lower ids.
     """
     owners = list(owners)
     load = loads(sizes, owners, candidates)
@@ -142,16 +142,18 @@ def greedy_minmax(sizes: Sequence[int], owners: Sequence[int], rate: Mapping[int
         owners[cid] = dst
     for _ in range(max_moves):
         src = max(targets, key=lambda s: (predicted(s), -s))
-        current = predicted(src)
+        current = score(rate, load, targets)
         best = None
         for cid in (c for c, o in enumerate(owners) if o == src):
             for dst in targets:
                 if dst == src:
                     continue
-                others = max((predicted(s) for s in targets if s not in (src, dst)), default=0.0)
-                after = max(rate[src] * (load[src] - sizes[cid]),
-                            rate[dst] * (load[dst] + sizes[cid]), others)
-                if after < current * (1 - 1e-9) and (best is None or after < best[0]):
+                load[src] -= sizes[cid]
+                load[dst] += sizes[cid]
+                after = score(rate, load, targets)
+                load[src] += sizes[cid]
+                load[dst] -= sizes[cid]
+                if after < current and (best is None or after < best[0]):
                     best = (after, cid, dst)
         if best is None:
             break
@@ -160,6 +162,13 @@ def greedy_minmax(sizes: Sequence[int], owners: Sequence[int], rate: Mapping[int
         load[dst] += sizes[cid]
         owners[cid] = dst
     return tuple(owners)
+
+
+def score(rate: Mapping[int, float], load: Mapping[int, int], servers: Sequence[int]):
+    """Predicted times, largest first: a move is better when this is lexicographically
+    smaller, i.e. it lowers the maximum, or keeps it and lowers the next one (so that two
+    servers tied at the maximum can both be relieved, one move at a time)."""
+    return tuple(sorted((rate[s] * load[s] for s in servers), reverse=True))
 
 
 def _active_of(owners: Sequence[int]) -> Tuple[int, ...]:
