@@ -23,6 +23,25 @@ pushes); time to target is when worker 0's parameters first reach ``--target`` t
 accuracy.
 
     python benchmarks/ps.py --scenarios --json benchmarks/results/ps_heterogeneous.json
+
+``--transport`` (2 ranks: a server and a worker): push + pull of a ``--model-mb`` model
+(default 64 MB in 4 MB chunks), the pickled messages the servers used before (numpy arrays
+inside pickled dicts, with their copies, rebuilt here from the same helpers) against the
+buffer transport (header + raw bytes into pooled buffers); the server applies the same
+SGD step in both. Then ``PSOptimizer`` itself (1 server, ASP) for the end-to-end time.
+
+    python benchmarks/ps.py --transport --json benchmarks/results/ps_transport.json
+
+``--psld`` (2 servers + 1 spare + 4 workers, ``mpiexec -n 7``): BSP with emulated compute
+(``--compute-ms`` of sleep per step), server 1 slowed ``--server-slow``x by
+``RIPPLES_SERVER_SLOWDOWN`` (service cost ``--server-cost``, see ``ripples.ps.slowness``).
+Rows: every static placement (TensorFlow round-robin, MXNet, BytePS hash, greedy by bytes)
+on the 2 servers, PSLD, PSLD without exploration. Each row reports the median iteration
+time, per-server load max/mean (servers' busy time over iterations 40-50 when the run is
+that long, else over its second half), migrations, rollbacks, bytes moved, and the
+exactly-once check (every chunk updated once per round, one owner, checksums equal).
+
+    python benchmarks/ps.py --psld --json benchmarks/results/ps_psld.json
 """
 from __future__ import annotations
 
@@ -38,6 +57,8 @@ from pathlib import Path
 
 RANKS = 5
 SCENARIO_RANKS = 9
+TRANSPORT_RANKS = 2
+PSLD_RANKS = 7
 
 
 def parse():
@@ -61,13 +82,25 @@ def parse():
     parser.add_argument("--link-ms", type=float, default=5.0)
     parser.add_argument("--only", default="", help="comma-separated scenario names")
     parser.add_argument("--rows", default="", help="comma-separated row names")
+    parser.add_argument("--transport", action="store_true",
+                        help="pickled vs buffer push+pull of one model (2 ranks)")
+    parser.add_argument("--model-mb", type=float, default=64.0)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--psld", action="store_true",
+                        help="static placements vs PSLD with one slow server (7 ranks)")
+    parser.add_argument("--iterations", type=int, default=60)
+    parser.add_argument("--psld-mb", type=float, default=12.0, help="model size for --psld")
+    parser.add_argument("--server-slow", type=float, default=3.0)
+    parser.add_argument("--server-cost", default="0.2:1",
+                        help="emulated server service cost FIXED_MS:NS_PER_BYTE")
+    parser.add_argument("--psld-window", type=int, default=4)
     return parser.parse_args()
 
 
-def relaunch(ranks: int = RANKS) -> int:
+def relaunch(ranks: int = RANKS, extra_env=None) -> int:
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", **(extra_env or {}))
     cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(ranks), "--oversubscribe",
            "--bind-to", "none", sys.executable, *sys.argv]
     return subprocess.call(cmd, env=env)
@@ -360,12 +393,287 @@ def plot(table, path, target):
     fig.savefig(path, dpi=110)
 
 
+# -- transport (--transport) -----------------------------------------------------------------
+def transport_main(args):
+    """Rank 0 serves, rank 1 pushes and pulls; both ways in one run, alternating."""
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    from ripples.ps import transport as tr
+
+    comm = MPI.COMM_WORLD.Dup()
+    chunk = 4 << 20
+    numel = int(args.model_mb * (1 << 20)) // 4
+    bounds = [(a, min(a + chunk // 4, numel)) for a in range(0, numel, chunk // 4)]
+    params = torch.randn(numel)
+    lr = 1e-3
+    pool = tr.BufferPool()
+    outbox = tr.Outbox(comm)
+    rows = {"pickled": [], "buffer": []}
+
+    def wait_sent():
+        outbox.flush(time.monotonic() + 60, "benchmark send")
+
+    def receive(source, tag):
+        status = MPI.Status()
+        while not comm.Iprobe(source=source, tag=tag, status=status):
+            pass
+        return tr.receive(comm, source, tag, pool, 60, "benchmark")
+
+    def serve(kind):
+        header, payload = receive(1, tr.REQUEST)
+        if kind == "pickled":  # what the servers did before: copies out of the message
+            grads = {cid: tr.from_wire(g) for cid, g in header["grads"].items()}
+        else:
+            views = tr.unpack(payload, [(b - a, torch.float32) for a, b in bounds])
+            grads = dict(enumerate(views))
+        for cid, (a, b) in enumerate(bounds):
+            params[a:b].add_(grads[cid], alpha=-lr)
+        if payload is not None:
+            pool.give(payload)
+        receive(1, tr.REQUEST)  # the pull
+        if kind == "pickled":
+            outbox.send(1, {"params": {cid: tr.to_wire(params[a:b]).copy()
+                                       for cid, (a, b) in enumerate(bounds)}}, tr.REPLY)
+        else:
+            out = tr.pack(pool, [params[a:b] for a, b in bounds])
+            outbox.send(1, {"chunks": len(bounds)}, tr.REPLY, out, lambda: pool.give(out))
+        wait_sent()
+
+    def work(kind, grad, mine):
+        began = time.perf_counter()
+        if kind == "pickled":
+            outbox.send(0, {"grads": {cid: tr.to_wire(grad[a:b])
+                                      for cid, (a, b) in enumerate(bounds)}}, tr.REQUEST)
+        else:
+            out = tr.pack(pool, [grad[a:b] for a, b in bounds])
+            outbox.send(0, {"chunks": len(bounds)}, tr.REQUEST, out, lambda: pool.give(out))
+        outbox.send(0, {"pull": True}, tr.REQUEST)
+        header, payload = receive(0, tr.REPLY)
+        if kind == "pickled":
+            for cid, (a, b) in enumerate(bounds):
+                mine[a:b].copy_(tr.from_wire(header["params"][cid]))
+        else:
+            for (a, b), view in zip(bounds, tr.unpack(payload, [(b - a, torch.float32)
+                                                              for a, b in bounds])):
+                mine[a:b].copy_(view)
+            pool.give(payload)
+        wait_sent()
+        return time.perf_counter() - began
+
+    grad = torch.randn(numel)
+    mine = torch.empty(numel)
+    for repeat in range(args.repeats + 1):  # the first round of each is a warm-up
+        for kind in ("pickled", "buffer"):
+            comm.Barrier()
+            if comm.Get_rank() == 0:
+                serve(kind)
+            else:
+                elapsed = work(kind, grad, mine)
+                if repeat:
+                    rows[kind].append(elapsed)
+    if comm.Get_rank() == 0:  # the last pull must have returned the server's parameters
+        comm.Send([params.numpy(), MPI.FLOAT], dest=1)
+    else:
+        served = torch.empty(numel)
+        comm.Recv([served.numpy(), MPI.FLOAT], source=0)
+        check = torch.equal(mine, served)
+    end_to_end = optimizer_push_pull(args)  # the server rank serves and exits inside
+    table = {kind: {"median_ms": 1000 * statistics.median(times),
+                    "min_ms": 1000 * min(times), "runs": len(times)}
+             for kind, times in rows.items()}
+    speedup = table["pickled"]["median_ms"] / table["buffer"]["median_ms"]
+    print(f"push+pull of a {args.model_mb:g} MB model in {len(bounds)} chunks, 1 server + 1 "
+          f"worker, {args.repeats} runs each, alternating (medians)")
+    for kind, row in table.items():
+        print(f"  {kind:<8}{row['median_ms']:>10.1f} ms   (min {row['min_ms']:.1f})")
+    print(f"  buffer transport speed-up: {speedup:.2f}x (bar >= 2x); pulled values "
+          f"{'match' if check else 'DO NOT match'} the server's")
+    print(f"  PSOptimizer step (ASP, 1 server, push + pull): {end_to_end:.1f} ms median")
+    if args.json:
+        write_json(args, {"benchmark": "ps transport", "compute": "none (transport only)",
+                          "table": table, "speedup": speedup, "values_match": check,
+                          "psoptimizer_step_ms": end_to_end})
+
+
+def optimizer_push_pull(args) -> float:
+    """Median ms of ``PSOptimizer.step()`` (ASP, 1 server) on a ``--model-mb`` model."""
+    import torch
+    from mpi4py import MPI
+
+    from ripples.config import Config
+    from ripples.ps import start
+    from ripples.ps.optimizer import PSOptimizer
+
+    context = start(MPI.COMM_WORLD, Config(ps_servers=1, timeout_s=60), spare=0)
+    param = torch.nn.Parameter(torch.zeros(int(args.model_mb * (1 << 20)) // 4))
+    ps = PSOptimizer(torch.optim.SGD([param], lr=1e-3), [("w", param)], context, policy="asp")
+    param.grad = torch.ones_like(param)
+    times = []
+    for _ in range(args.repeats + 1):
+        began = time.perf_counter()
+        ps.step()
+        times.append(time.perf_counter() - began)
+    ps.join()
+    return 1000 * statistics.median(times[1:])
+
+
+# -- PSLD (--psld) ---------------------------------------------------------------------------
+PSLD_ROWS = [("static roundrobin (TensorFlow)", "roundrobin", None),
+             ("static mxnet", "mxnet", None), ("static hash (BytePS)", "hash", None),
+             ("static greedy (bytes)", "greedy", None),
+             ("PSLD", "roundrobin", {"explore": True}),
+             ("PSLD without exploration", "roundrobin", {"explore": False})]
+# Tensor sizes as fractions of the model: a few large layers and a tail of small ones.
+PSLD_SHAPE = [0.30, 0.18, 0.12, 0.10, 0.08, 0.06, 0.05, 0.04, 0.03, 0.02, 0.01, 0.01]
+
+
+def psld_row(context, args, row, placement, options):
+    """One BSP session of ``args.iterations`` steps; worker 0 returns the row."""
+    import torch
+    from ripples.ps import psld
+    from ripples.ps.optimizer import PSOptimizer
+
+    worker = context.worker
+    total = int(args.psld_mb * (1 << 20)) // 4
+    params = [torch.nn.Parameter(torch.zeros(max(1, int(f * total)))) for f in PSLD_SHAPE]
+    config = None if options is None else psld.PSLDConfig(
+        window=args.psld_window, explore=options["explore"], epsilon=0.2, seed=1)
+    ps = PSOptimizer(torch.optim.SGD(params, lr=1e-3), [(f"p{i}", p) for i, p in enumerate(params)],
+                     context, policy="bsp", placement=placement, chunk_bytes=512 << 10,
+                     timeout_s=120, psld=config)
+    grads = [torch.full_like(p, 1.0 + worker) for p in params]
+    context.worker_comm.Barrier()
+    stamps = [time.monotonic()]
+    marks = {}
+    window = (40, 50) if args.iterations >= 50 else (args.iterations // 2, args.iterations)
+    for step in range(args.iterations):
+        time.sleep(args.compute_ms / 1000)
+        for p, g in zip(params, grads):
+            p.grad = g
+        ps.step()
+        stamps.append(time.monotonic())
+        if worker == 0 and step + 1 in window:
+            marks[step + 1] = (server_stats(ps), ps.map.members)
+    ps.join()
+    if worker != 0:
+        return None
+    final = server_stats(ps)
+    times = [b - a for a, b in zip(stamps, stamps[1:])]
+    (begin, _), (end, active) = marks[window[0]], marks[window[1]]
+    busy = [end[s]["server_busy_s"] - begin[s]["server_busy_s"] for s in active]
+    sizes = [c.nbytes for c in ps.map.chunks]
+    owned = sorted(c for s in final.values() for c in s["chunks"])
+    versions = {c: v for s in final.values() for c, v in s["versions"].items()}
+    wrong = [c for c in range(len(sizes)) if versions.get(c) != args.iterations]
+    flat = [p.detach().reshape(-1) for p in params]
+    checksum_equal = all(
+        s["checksum"][cid] == float(flat[ps.map.chunks[cid].param]
+                                    [ps.map.chunks[cid].start:ps.map.chunks[cid].stop]
+                                    .double().sum())
+        for s in final.values() for cid in s["chunks"])
+    summary = ps.metrics().get("psld", {})
+    return {"row": row, "placement": placement, "psld": options,
+            "iter_ms_median": 1000 * statistics.median(times),
+            "iter_ms_median_second_half": 1000 * statistics.median(times[len(times) // 2:]),
+            "load_window": list(window), "active_servers": list(active),
+            "server_busy_ms": [round(1000 * b, 2) for b in busy],
+            "load_max_over_mean": psld.load_ratio(busy),
+            "bytes_per_server_final": [sum(sz for sz, o in zip(sizes, ps.map.owners) if o == s)
+                                       for s in range(ps.map.num_servers)],
+            "migrations": summary.get("migrations", 0), "rollbacks": summary.get("rollbacks", 0),
+            "explorations": summary.get("explorations", 0),
+            "chunks_moved": summary.get("chunks_moved", 0),
+            "bytes_moved": summary.get("bytes_moved", 0),
+            "decisions": [(d["clock"], d["kind"], len(d["chunks"]))
+                          for d in summary.get("decisions", [])],
+            "exactly_once": {"chunks": len(sizes), "one_owner_each": owned == list(range(len(sizes))),
+                             "chunks_not_updated_once_per_round": wrong,
+                             "checksums_equal": checksum_equal}}
+
+
+def server_stats(ps):
+    rids = {s: ps.channel.send(s, {"kind": "stats", "sid": ps.sid, "w": ps.worker})
+            for s in ps.servers}
+    return {s: ps.channel.wait(s, rid, 120, "stats")["stats"] for s, rid in rids.items()}
+
+
+def psld_main(args):
+    from mpi4py import MPI
+
+    from ripples.config import Config
+    from ripples.ps import start
+
+    context = start(MPI.COMM_WORLD, Config(ps_servers=2, timeout_s=120))
+    if context.num_workers != 4 or context.spare != 1:
+        raise SystemExit(f"run with {PSLD_RANKS} ranks: 2 servers + 1 spare + 4 workers")
+    wanted = args.rows.split(",") if args.rows else None
+    table = []
+    for row, placement, options in PSLD_ROWS:
+        if wanted and row not in wanted:
+            continue
+        result = psld_row(context, args, row, placement, options)
+        if context.worker == 0:
+            table.append(result)
+            t = result
+            print(f"{row:<32}{t['iter_ms_median']:>9.1f}{t['load_max_over_mean']:>9.2f}"
+                  f"{t['migrations']:>6}{t['rollbacks']:>6}{t['bytes_moved'] / 2**20:>9.1f}  "
+                  f"{t['bytes_per_server_final']} {t['exactly_once']}", flush=True)
+    if context.worker != 0:
+        return
+    statics = [t for t in table if t["psld"] is None]
+    best = min(statics, key=lambda t: t["iter_ms_median"]) if statics else None
+    lines = []
+    for t in table:
+        if t["psld"] is None:
+            continue
+        if best:
+            lines.append(f"{t['row']}: iteration time / best static ({best['row']}) = "
+                         f"{t['iter_ms_median'] / best['iter_ms_median']:.2f} (bar <= 0.70)")
+        lines.append(f"{t['row']}: load max/mean over iterations {t['load_window']} = "
+                     f"{t['load_max_over_mean']:.2f} (bar < 1.3)")
+    for t in table:
+        ok = t["exactly_once"]
+        lines.append(f"{t['row']}: exactly once: one owner each {ok['one_owner_each']}, "
+                     f"chunks not updated once per round {ok['chunks_not_updated_once_per_round']}, "
+                     f"checksums equal {ok['checksums_equal']}")
+    print(f"compute: emulated (sleep {args.compute_ms:g} ms/step); {args.psld_mb:g} MB model, "
+          f"BSP, 2 servers + 1 spare + 4 workers, server 1 slowed {args.server_slow:g}x "
+          f"(service cost {args.server_cost} FIXED_MS:NS_PER_BYTE), {args.iterations} iterations")
+    for line in lines:
+        print(line)
+    if args.json:
+        write_json(args, {"benchmark": "ps psld", "compute": "emulated (sleep per step)",
+                          "table": table, "bars": lines})
+
+
+def write_json(args, result):
+    result.update({"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                   "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
+                   "command": "python benchmarks/ps.py " + " ".join(sys.argv[1:]),
+                   "args": vars(args)})
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+
+
 def main():
     args = parse()
     if "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
-        sys.exit(relaunch(SCENARIO_RANKS if args.scenarios else RANKS))
+        if args.psld:
+            sys.exit(relaunch(PSLD_RANKS, {
+                "RIPPLES_PS_SPARE": "1", "RIPPLES_SERVER_SLOWDOWN": f"1:{args.server_slow:g}",
+                "RIPPLES_SERVER_COST": args.server_cost}))
+        sys.exit(relaunch(TRANSPORT_RANKS if args.transport else
+                          SCENARIO_RANKS if args.scenarios else RANKS))
     if args.scenarios:
         scenarios_main(args)
+        return
+    if args.transport:
+        transport_main(args)
+        return
+    if args.psld:
+        psld_main(args)
         return
     from mpi4py import MPI
 
