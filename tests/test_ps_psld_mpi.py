@@ -49,3 +49,8 @@ def test_psld_moves_load_off_the_slowed_server(psld_output):
 
 def test_bad_exploration_is_rolled_back(psld_output):
     assert "rollback after a bad exploration OK" in psld_output
+
+
+def test_a_real_3_gb_payload_crosses_the_2_gib_message_limit():
+    out = run_mpi([sys.executable, str(TESTS_DIR / "mpi" / "mpi_ps_big.py")], 2, timeout=150).stdout
+    assert "3 GB payload in 3 messages OK" in out
