@@ -376,11 +376,31 @@ class PSOptimizer(OptimizerWrapper):
         """The session's counters, for the record: ``policy``, ``clock`` (this worker's
         pushes), ``steps`` and ``versions`` (per parameter name, the updates applied to each
         of its chunks when this worker last pulled). A resumed run needs none of them: BSP
-        rounds and staleness are counted within a session, step counts live in the state."""
+        rounds and staleness are counted within a session, step counts live in the state.
+        ``chunk_map`` (the chunks, their owners and the active servers, e.g. as PSLD left
+        them) is restored by ``load_state_dict``."""
         versions = {name: [self.versions[c.cid] for c in self.map.chunks if c.param == i]
                     for i, name in enumerate(self.names)}
+        chunk_map = {"version": self.map.version, "owners": list(self.map.owners),
+                     "active": list(self.map.members),
+                     "chunks": [(c.param, c.start, c.stop) for c in self.map.chunks]}
         return {"policy": self.spec.name, "clock": self.clock, "steps": self.stats["steps"],
-                "versions": versions}
+                "versions": versions, "chunk_map": chunk_map}
+
+    def load_extra_state(self, extra: dict) -> None:
+        self._saved_map = extra.get("chunk_map")
+
+    def _restore_map(self) -> None:
+        """Worker 0 moves the chunks back where the checkpoint had them (live, as PSLD
+        would), when the checkpoint's chunks are this session's and the policy is BSP."""
+        saved, self._saved_map = getattr(self, "_saved_map", None), None
+        if (self.worker != 0 or saved is None or self.spec.name != "bsp"
+                or tuple(saved["owners"]) == self.map.owners
+                or [tuple(c) for c in saved["chunks"]] != [(c.param, c.start, c.stop)
+                                                            for c in self.map.chunks]
+                or max(saved["owners"] + saved["active"]) >= self.map.num_servers):
+            return
+        self.move_chunks(saved["owners"], saved["active"])
 
     def load_state_dict(self, state_dict):
         """Load a checkpoint: collective over the workers, like construction.
@@ -390,6 +410,8 @@ class PSOptimizer(OptimizerWrapper):
         current parameters to the servers, and every worker pulls the result. Load the
         model's weights on worker 0 before calling it (the servers take worker 0's
         parameters, as at construction). Accepts a plain torch optimizer's state dict too.
+        Under BSP the checkpoint's chunk map comes back as well (worker 0 announces it; the
+        chunks move live during the next steps) when it cuts the parameters the same way.
         """
         if self.pending_pull:
             self._install_all(self._wait_all(self.pending_pull, "eager pull before load",
@@ -420,6 +442,7 @@ class PSOptimizer(OptimizerWrapper):
         self._sent_hyper = None
         self._install_all(self._wait_all(self._request_pull(), "pull after load_state_dict",
                                          count_blocked=False))
+        self._restore_map()
 
     def _load_message(self, server: int) -> dict:
         params, state = {}, {}

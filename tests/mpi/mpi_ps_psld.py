@@ -176,6 +176,8 @@ def checkpoint_resume(context, worker, workers):
     ps.join()
     uninterrupted = [p.detach().clone() for p in net.parameters()]
     check(ps.map.version == 2, f"two migrations before the end: {ps.map.version}")
+    saved_owners = tuple(saved[0]["ripples"]["chunk_map"]["owners"])
+    check(saved_owners == tuple(c % 3 for c in range(n)), f"checkpoint's map {saved_owners}")
 
     resumed = model(seed=1)
     with torch.no_grad():
@@ -184,9 +186,11 @@ def checkpoint_resume(context, worker, workers):
     ps2 = PSOptimizer(make(resumed), resumed.named_parameters(), context, policy="bsp",
                       chunk_bytes=128)
     ps2.load_state_dict(saved[0])
+    check(ps2.map.owners != saved_owners, "a new session starts from its own placement")
     for step in range(6, 8):
         train_step(resumed, ps2, worker, step)
     ps2.join()
+    check(ps2.map.owners == saved_owners, f"the checkpoint's chunk map is restored: {ps2.map}")
     for p, q in zip(resumed.parameters(), uninterrupted):
         check(torch.allclose(p, q, atol=1e-6, rtol=1e-5),
               f"resumed run differs: max diff {(p - q).abs().max().item()}")
