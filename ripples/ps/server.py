@@ -29,6 +29,17 @@ clock's tasks divided by their number, once all of them have arrived, in clock o
 task pushed twice fails the session (every server checks; server 0 also checks that the
 pusher claimed it).
 
+Transport and robustness: a push's gradients arrive as a payload after its header
+(``transport``) and are applied as views into it; the buffer goes back to the pool once
+applied. A request whose header is malformed (not a dict, another protocol version, an
+unknown kind, missing fields, a ``w`` that is not its sender) is answered with an error
+naming the problem and dropped; the server keeps serving. A failure while handling a
+well-formed request fails that session only (every later request of it gets the error).
+
+Elastic servers: a server whose index is not in the session's active servers is a spare
+and holds nothing; ``remap`` and ``adopt`` move chunks between servers at a round
+boundary (``migration``). ``RIPPLES_SERVER_SLOWDOWN`` emulates slow servers (``slowness``).
+
 Waiting rules: a pull held back by the policy (BSP, Sync-opt, SSP) is answered with an
 error naming the workers it waits for once it has waited ``timeout_s``; a join waits for
 the other workers while they are alive (heartbeats to the joined worker keep its deadline
@@ -158,6 +169,9 @@ class Server:
             return f"unknown kind {header.get('kind')!r} (known: {sorted(KINDS)})"
         if header["kind"] != "bye" and not isinstance(header.get("sid"), int):
             return f"field 'sid' must be an integer session id, got {header.get('sid')!r}"
+        missing = [field for field in REQUIRED.get(header["kind"], ()) if field not in header]
+        if missing:
+            return f"a {header['kind']!r} request needs the fields {missing}"
         return None
 
     def receive(self, message: dict) -> None:
@@ -198,6 +212,10 @@ class Server:
 
 
 KINDS = {"bye", "init", "push", "pull", "task", "join", "stats", "state", "load", "remap"}
+REQUIRED = {"push": ("clock", "chunks", "computed_on", "factor"), "pull": ("after",),
+            "task": ("clock", "steal"), "load": ("params", "state", "groups"),
+            "remap": ("version", "owners", "active", "effective"),
+            "init": ("chunks", "spec", "opt_class", "defaults", "groups", "map_version")}
 
 
 class FailedSession:
@@ -354,9 +372,18 @@ class Session:
             raise ValueError(f"push from worker {message['w']} carries chunks {missing} that "
                              f"server {self.server.index} does not own (map version "
                              f"{message.get('map')}, this server holds {self.map_version})")
-        views = unpack(message.pop("_payload", None),
+        message["_buffer"] = message.pop("_payload", None)
+        views = unpack(message["_buffer"],
                        [(self.chunks[cid].numel(), self.chunks[cid].dtype) for cid in cids])
         return dict(zip(cids, views))
+
+    def release(self, message: dict) -> None:
+        """Give a push's payload back to the pool once its gradients have been used (the
+        views into it are dropped: ``apply`` clears the chunks' ``grad``)."""
+        buffer = message.pop("_buffer", None)
+        message["grads"] = {}
+        if buffer is not None:
+            self.server.pool.give(buffer)
 
     def on_push(self, worker: int, message: dict) -> None:
         if "prof" in message:
@@ -378,6 +405,7 @@ class Session:
                 self.buffered[(message["clock"], worker)] = message
             else:
                 self.stats["dropped"] += 1
+                self.release(message)
             return
         delay = self.delay_of(message)
         if message.get("skip"):
@@ -386,6 +414,7 @@ class Session:
             factor = policies.apply_factor(self.spec, delay, message["factor"])
             self.use_hyper(message["use_hyper"])
             self.apply(grads, factor)
+        self.release(message)
         self.record(worker, delay)
 
     def on_community_push(self, message: dict) -> None:
@@ -435,7 +464,8 @@ class Session:
         if part["lowest"] is None or worker < part["lowest"]:
             part["lowest"], part["hyper"] = worker, message["use_hyper"]
         for cid, g in message["grads"].items():
-            part["grads"][cid] = part["grads"][cid] + g if cid in part["grads"] else g
+            part["grads"][cid] = part["grads"][cid] + g if cid in part["grads"] else g.clone()
+        self.release(message)
         self.record(worker, self.delay_of(message))
         self.close_task_rounds()
 
@@ -523,6 +553,8 @@ class Session:
                     if lr is not None:
                         group["lr"] = lr * factor
             self.optimizer.step()
+            for tensor in self.chunks.values():
+                tensor.grad = None  # may be a view into a payload that goes back to the pool
             for group, lr in zip(self.optimizer.param_groups, saved):
                 if lr is not None:
                     group["lr"] = lr
@@ -541,7 +573,7 @@ class Session:
             self.stats["dropped"] += len(late)
             messages = [self.buffered.pop((clock, w)) for w in kept]
             for w in late:
-                self.buffered.pop((clock, w), None)
+                self.release(self.buffered.pop((clock, w), {}))
             if any(message.get("skip") for message in messages):
                 self.stats["skipped"] += 1
             else:
@@ -553,6 +585,7 @@ class Session:
                 self.apply({cid: g / len(messages) for cid, g in total.items()}, 1.0)
             for message, w in zip(messages, kept):
                 self.record(w, self.delay_of_round(message))
+                self.release(message)
             migration.switch_due(self)
 
     def delay_of_round(self, message: dict) -> int:

@@ -144,6 +144,13 @@ def bad_messages(context, worker):
             check(False, "an unknown kind must get an error")
         except RipplesError as exc:
             check("unknown kind 'teleport'" in str(exc), f"error names the kind: {exc}")
+        channel.outbox.send(0, {"kind": "push", "v": PROTOCOL, "rid": rid + 2, "w": 0,
+                                "sid": ps.sid, "chunks": []}, REQUEST)
+        try:
+            channel.wait(0, rid + 2, 10, "push without a clock")
+            check(False, "a push without its fields must get an error")
+        except RipplesError as exc:
+            check("needs the fields ['clock'" in str(exc), f"error names the fields: {exc}")
         channel.outbox.send(0, ["not", "a", "header"], REQUEST)
         deadline = MPI.Wtime() + 10
         while not channel.unmatched_errors and MPI.Wtime() < deadline:
