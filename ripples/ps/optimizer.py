@@ -359,6 +359,11 @@ class PSOptimizer(OptimizerWrapper):
         answers = self._wait_all(rids, "state_dict", count_blocked=False)
         chunk_state = {cid: wire for answer in answers.values()
                        for cid, wire in answer["state"].items()}
+        moving = [c.cid for c in self.map.chunks if c.cid not in chunk_state]
+        if moving:
+            raise RipplesError(f"state_dict on worker {self.worker}: chunks {moving} are moving "
+                               f"between servers; call it on worker 0 after step(), where no "
+                               f"chunk is in transit")
         state = super().state_dict()
         index_of = {id(p): i for i, p in enumerate(
             p for group in self.optimizer.param_groups for p in group["params"])}
