@@ -209,7 +209,7 @@ def scheduled():
     """PSLD on its own: server 1 is slowed by the caller's RIPPLES_SERVER_SLOWDOWN."""
     context, worker, workers = begin(2, timeout_s=20)
     net = torch.nn.Sequential(torch.nn.Linear(8, 2048), torch.nn.Tanh(), torch.nn.Linear(2048, 3))
-    config = psld.PSLDConfig(window=3, epsilon=0.5, delta=0.1, seed=3)
+    config = psld.PSLDConfig(window=3, epsilon=1.0, delta=0.1, seed=3)
     ps = PSOptimizer(torch.optim.SGD(net.parameters(), lr=0.01), net.named_parameters(), context,
                      policy="bsp", chunk_bytes=8 << 10, psld=config)
     sizes = [c.nbytes for c in ps.map.chunks]
