@@ -347,6 +347,8 @@ class Session:
         elif kind == "push":
             self.on_push(worker, message)
         elif kind == "pull":
+            if message.get("map", self.map_version) < self.map_version:
+                self.stats["redirected_pulls"] += 1  # answered with the chunks held now
             self.pulls.append((worker, message["rid"], message["after"], began))
         elif kind == "task":
             self.on_task_request(worker, message)

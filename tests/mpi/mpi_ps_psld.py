@@ -109,6 +109,8 @@ def moves():
     redirects = comm.allgather(ps.stats["redirects"])
     if worker == 0:
         check(stats[2]["chunks_in"] > 0 and stats[1]["chunks_out"] > 0, "chunks moved")
+        check(sum(s["redirected_pulls"] for s in stats.values()) > 0,
+              "old owners saw pulls of an older map")
         check(all(r > 0 for r in redirects), f"pulls redirected by old owners: {redirects}")
         print(f"migration under concurrent pushes OK (steps equal synchronous SGD with "
               f"momentum, versions all {STEPS}, checksums equal)", flush=True)
