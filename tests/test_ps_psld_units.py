@@ -104,7 +104,9 @@ def test_server_slowdown_settings():
     assert slow == ServiceCost(3.0, 0.002, 10e-9) and normal.factor == 1.0
     assert slow.delay_s(1000) == pytest.approx(3 * (0.002 + 1e-5))
     assert from_env(0, 3, {}) is None
+    with pytest.raises(ValueError, match=r"RIPPLES_SERVER_SLOWDOWN.*servers \[2\] do not exist"):
+        from_env(0, 2, {"RIPPLES_SERVER_SLOWDOWN": "2:3"})
     with pytest.raises(ValueError, match="RIPPLES_SERVER_SLOWDOWN"):
-        from_env(0, 2, {"RIPPLES_SERVER_SLOWDOWN": "2:3"})  # server 2 does not exist
+        from_env(0, 2, {"RIPPLES_SERVER_SLOWDOWN": "1:0.5"})  # faster than normal
     with pytest.raises(ValueError, match="RIPPLES_SERVER_COST"):
         from_env(0, 2, {"RIPPLES_SERVER_COST": "fast"})

@@ -65,6 +65,11 @@ def from_env(index: int, num_servers: int,
     spec, cost = environ.get(SLOWDOWN_ENV, ""), environ.get(COST_ENV, "")
     if not spec.strip() and not cost.strip():
         return None
-    factors = parse_slowdown(spec, num_servers, setting=SLOWDOWN_ENV)
+    factors = parse_slowdown(spec, setting=SLOWDOWN_ENV)
+    outside = sorted(i for i in factors if i >= num_servers)
+    if outside:
+        raise ValueError(f"{SLOWDOWN_ENV}={spec!r}: servers {outside} do not exist; this job "
+                         f"has {num_servers} server ranks (indices 0..{num_servers - 1}, "
+                         f"spares included)")
     fixed_s, per_byte_s = parse_cost(cost or DEFAULT_COST)
     return ServiceCost(factors.get(index, 1.0), fixed_s, per_byte_s)
