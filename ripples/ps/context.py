@@ -87,7 +87,8 @@ def spare_from_env() -> int:
 
 def start(world_comm, config, spare=None) -> PSContext:
     """Enter parameter-server mode with ``config.ps_servers`` active servers and ``spare``
-    idle ones (default ``RIPPLES_PS_SPARE``, else 0), which PSLD can scale out onto.
+    idle ones (default ``config.ps_spare`` where the configuration has it, else
+    ``RIPPLES_PS_SPARE``, else 0), which PSLD can scale out onto.
 
     On the first ``config.ps_servers + spare`` ranks this serves until every worker has shut
     down, then finalizes MPI and exits the process with status 0 (the rest of the script
@@ -95,7 +96,10 @@ def start(world_comm, config, spare=None) -> PSContext:
     """
     from .server import serve
 
-    spare = spare_from_env() if spare is None else spare
+    if spare is None:
+        spare = getattr(config, "ps_spare", None)
+    if spare is None:
+        spare = spare_from_env()
     context = make_context(world_comm, config.ps_servers + spare, config.timeout_s, spare)
     if context.worker < 0:
         serve(context.ps_comm, context.num_servers, config.timeout_s)
