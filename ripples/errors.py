@@ -11,7 +11,14 @@ class NotInitializedError(RipplesError):
 
 
 class RipplesTimeoutError(RipplesError, TimeoutError):
-    """A blocking wait exceeded ``Config.timeout_s`` (``RIPPLES_TIMEOUT_S``)."""
+    """A blocking wait exceeded ``Config.timeout_s`` (``RIPPLES_TIMEOUT_S``).
+
+    ``missing``: the world ranks the wait was for, where known (empty otherwise).
+    """
+
+    def __init__(self, *args, missing=()):
+        super().__init__(*args)
+        self.missing = tuple(missing)
 
 
 class MismatchError(RipplesError):

@@ -15,6 +15,7 @@ from typing import Callable, List, Optional, Tuple
 from mpi4py import MPI
 
 from ripples.comm.groups import CommunicatorCache, Group
+from ripples.comm.liveness import Liveness
 from ripples.config import Config
 from ripples.errors import NotInitializedError
 from ripples.timeline import NullTimeline, Timeline, make_timeline
@@ -39,6 +40,9 @@ class Runtime:
         self.world = comm.Dup()
         self.ctl = comm.Dup()
         self.service_comm = comm.Dup()
+        # Answers peers asking whether this rank is alive, whatever the main thread does.
+        self.liveness = Liveness(comm.Dup(), config.timeout_s, config.stall_warning_s,
+                                 config.wait_for_busy_peers)
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
         self.local = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -118,6 +122,7 @@ class Runtime:
             self.nccl.close()
         if self.cache is not None:
             self.cache.close()
+        self.liveness.close()
         for comm in (self.cross, self.local, self.service_comm, self.ctl, self.world):
             comm.Free()
 

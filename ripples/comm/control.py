@@ -135,15 +135,17 @@ def _lead(ctl, mine: Record, what, timeout_s, stall_s, idle) -> Decision:
                     latest[member] = None
         return all(record is not None for record in latest.values())
 
+    def absent() -> List[int]:
+        return [m for m, record in latest.items() if record is None]
+
     def describe() -> str:
-        missing = [m for m, record in latest.items() if record is None]
-        return (f"{what} on group {group}: rank(s) {missing} have not called it "
+        return (f"{what} on group {group}: rank(s) {absent()} have not called it "
                 f"(rank {group[0]} is waiting)")
 
     try:
-        poll_until(receive, Deadline(timeout_s, stall_s, describe), idle)
+        poll_until(receive, Deadline(timeout_s, stall_s, describe, absent), idle)
     except RipplesTimeoutError as exc:
-        _send_all(ctl, {m: (r.attempt, ("error", "timeout", str(exc)))
+        _send_all(ctl, {m: (r.attempt, ("error", "timeout", str(exc), exc.missing))
                         for m, r in latest.items() if r is not None},
                   timeout_s, stall_s, group, what)
         raise
@@ -244,7 +246,7 @@ def _follow(ctl, mine: Record, leader: int, what, timeout_s, stall_s, idle) -> D
     # gives up later, so that it only ever times out on a leader that is itself absent.
     deadline = Deadline(_follow_wait_s(timeout_s), stall_s, lambda: (
         f"{what} on group {group}: leader rank {leader} has not answered "
-        f"(rank {ctl.Get_rank()} is waiting)"))
+        f"(rank {ctl.Get_rank()} is waiting)"), lambda: [leader])
     try:
         poll_until(answered, deadline, idle)
     except RipplesTimeoutError:
@@ -267,7 +269,9 @@ def _decision(reply: tuple, mine: Record) -> Decision:
     if kind == "alljoined":
         return Decision(last_joined=reply[1])
     if kind == "error":
-        raise (MismatchError if reply[1] == "mismatch" else RipplesTimeoutError)(reply[2])
+        if reply[1] == "timeout":
+            raise RipplesTimeoutError(reply[2], missing=reply[3] if len(reply) > 3 else ())
+        raise MismatchError(reply[2])
     _, create, active, run, failed, missing = reply
     errors = {name: (MismatchError if k == "mismatch" else RipplesTimeoutError)(text)
               for name, (k, text) in failed.items()}

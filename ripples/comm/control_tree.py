@@ -199,7 +199,8 @@ def agree(ctl: MPI.Comm, group: Sequence[int], entries_digest: int, wants_full_r
                   _TAG_UP)
         _send_down(ctl, delivered, _failure(_ERROR, 0, hashed, missing, count))
         raise RipplesTimeoutError(f"{describe_missing(missing, count)}: gave up after "
-                                  f"{gather_s:g} s (Config.timeout_s / RIPPLES_TIMEOUT_S)")
+                                  f"{gather_s:g} s (Config.timeout_s / RIPPLES_TIMEOUT_S)",
+                                  missing=missing)
     if place.parent is None:
         decision = _decide(combined, timeout_s, group[0])
     else:
@@ -219,7 +220,7 @@ def agree(ctl: MPI.Comm, group: Sequence[int], entries_digest: int, wants_full_r
     if kind == _ERROR:
         missing, count = _missing_of(decision)
         raise RipplesTimeoutError(f"{describe_missing(missing, count)}: the group gave up "
-                                  "(Config.timeout_s / RIPPLES_TIMEOUT_S)")
+                                  "(Config.timeout_s / RIPPLES_TIMEOUT_S)", missing=missing)
     if decision[_GROUP] != hashed:  # another group's round reached this rank
         return Verdict(False, decision[_ROOT])
     return Verdict(kind == _UNANIMOUS, decision[_ROOT])
@@ -308,7 +309,7 @@ def _await_decision(ctl, parent, attempt, hashed, wait_s, stall_s, idle, describ
         return False
 
     try:
-        poll_until(answered, Deadline(wait_s, stall_s, describe), idle)
+        poll_until(answered, Deadline(wait_s, stall_s, describe, lambda: [parent]), idle)
     except RipplesTimeoutError:
         request[0].Cancel()
         request[0].Wait()

@@ -62,16 +62,21 @@ class Deadline:
     """A bounded wait for one operation: warns once after ``stall_s``, raises after ``timeout_s``.
 
     ``describe()`` is called only on the slow path, to name the operation, the group and
-    whoever is missing.
+    whoever is missing. ``missing()`` (optional) gives the world ranks waited for, carried
+    by the error. With ``liveness`` (a ``ripples.comm.liveness.Liveness``) an expired wait
+    first asks those ranks how they are, and starts afresh while they are alive and busy.
     """
 
-    __slots__ = ("start", "timeout_s", "stall_s", "describe", "_warned")
+    __slots__ = ("start", "timeout_s", "stall_s", "describe", "missing", "liveness", "_warned")
 
-    def __init__(self, timeout_s: float, stall_s: float, describe: Callable[[], str]):
+    def __init__(self, timeout_s: float, stall_s: float, describe: Callable[[], str],
+                 missing: Optional[Callable[[], Sequence[int]]] = None, liveness=None):
         self.start = time.monotonic()
         self.timeout_s = timeout_s
         self.stall_s = stall_s
         self.describe = describe
+        self.missing = missing
+        self.liveness = liveness
         self._warned = False
 
     def restart(self) -> None:
@@ -82,8 +87,15 @@ class Deadline:
     def check(self) -> None:
         elapsed = time.monotonic() - self.start
         if elapsed > self.timeout_s:
-            raise RipplesTimeoutError(f"{self.describe()}: gave up after {self.timeout_s:g} s "
-                                      "(Config.timeout_s / RIPPLES_TIMEOUT_S)")
+            error = RipplesTimeoutError(
+                f"{self.describe()}: gave up after {self.timeout_s:g} s (Config.timeout_s / "
+                "RIPPLES_TIMEOUT_S)", missing=self.missing() if self.missing else ())
+            if self.liveness is None:
+                raise error
+            self.liveness.keep_waiting(error.missing, error)
+            self.start = time.monotonic()  # they are alive and busy: wait on, warned
+            self._warned = True
+            return
         if not self._warned and elapsed > self.stall_s:
             self._warned = True
             log.warning("%s: still waiting after %.0f s", self.describe(), elapsed)

@@ -1,0 +1,242 @@
+"""Slow is not dead: tell a peer that is alive but busy from one that is dead or hung.
+
+A wait on peers that reaches ``Config.timeout_s`` does not fail at once. The waiter asks the
+peers it waits for how they are (``Liveness.keep_waiting``), and every rank answers from a
+small responder thread on a private communicator, whatever its main thread is doing:
+
+- a peer that does not answer within a short bound (``answer_wait_s``) is dead (or its
+  process is frozen): the wait fails, naming it;
+- a peer that is outside ripples (computing, evaluating, writing a checkpoint) is busy: the
+  wait goes on, with a stall warning every ``Config.stall_warning_s``;
+- a peer that is itself waiting inside ripples is fine while its own wait is young or was
+  recently found to be on a busy peer ("justified"): chains of waits ending at a busy rank
+  go on. Peers that have all waited inside ripples for longer than the timeout with no busy
+  rank at the end of the chain wait on each other (a collective one of them will never
+  call, or calls in another order): the wait fails, naming them.
+
+So a slow rank never fails its peers, a dead one is named within the timeout plus the
+answer bound, and a deadlock inside ripples is named within about twice the timeout.
+``Config.wait_for_busy_peers=False`` keeps the strict rule: a peer that has not arrived
+within the timeout fails the wait, even when it is alive.
+
+Each rank records when its caller started waiting inside ripples (``enter``/``leave``),
+which is all the responder reports; the decision is the pure function ``assess``. A rank
+that just gave up on peers waiting on each other reports itself hung for a while longer, so
+that the rest of the cycle, asking a moment later, does not take it for a busy rank.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+from mpi4py import MPI
+
+from ripples.errors import RipplesTimeoutError
+
+log = logging.getLogger("ripples")
+
+_PING, _PONG = 41, 42
+_RESPONDER_NAP_S = 0.02
+OUTSIDE = -1.0  # PeerState.inside_s of a peer that is not waiting inside ripples
+NEVER = -1.0    # PeerState.justified_s of a peer whose wait was never found justified
+
+
+class PeerState(NamedTuple):
+    """What a peer answered: how long it has waited inside ripples (``OUTSIDE``: it is not
+    waiting) and how long ago its wait was last found to be on a busy peer (``NEVER``)."""
+
+    inside_s: float
+    justified_s: float
+
+
+class Verdict(NamedTuple):
+    wait: bool             # the wait goes on
+    justified: bool        # ... because some peer is busy, or its own wait is justified
+    dead: List[int]        # peers that did not answer
+    hung: List[int]        # peers waiting inside ripples, unjustified, for too long
+    busy: List[int]        # peers outside ripples
+
+
+def grace_s(timeout_s: float) -> float:
+    """How much longer than the timeout a peer's unjustified wait may last before it counts
+    as hung: a peer checks its own wait only once the timeout has passed."""
+    return max(1.0, 0.5 * timeout_s)
+
+
+def answer_wait_s(timeout_s: float) -> float:
+    """How long a waiter waits for a peer's answer before calling it dead. The responder
+    answers within tens of milliseconds even on an oversubscribed machine."""
+    return min(5.0, max(1.0, 0.2 * timeout_s))
+
+
+def assess(states: Dict[int, Optional[PeerState]], timeout_s: float) -> Verdict:
+    """Whether a wait on the peers in ``states`` (None: no answer) should go on."""
+    dead = sorted(r for r, s in states.items() if s is None)
+    if dead:
+        return Verdict(False, False, dead, [], [])
+    limit = timeout_s + grace_s(timeout_s)
+    busy = sorted(r for r, s in states.items() if s.inside_s == OUTSIDE)
+    justified = [r for r, s in states.items()
+                 if s.inside_s != OUTSIDE and s.justified_s != NEVER and s.justified_s <= limit]
+    if busy or justified:
+        return Verdict(True, True, [], [], busy)
+    if any(s.inside_s < limit for s in states.values()):
+        return Verdict(True, False, [], [], [])  # not known yet: they check their own waits
+    return Verdict(False, False, [], sorted(states), [])
+
+
+class Liveness:
+    """This rank's responder and its side of the question (``keep_waiting``).
+
+    ``comm``: a private duplicate of the runtime's world (this object frees it).
+    """
+
+    def __init__(self, comm: MPI.Comm, timeout_s: float, stall_s: float, enabled: bool):
+        self._comm = comm
+        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.rank = comm.Get_rank()
+        self.timeout_s, self.stall_s, self.enabled = timeout_s, stall_s, enabled
+        self._depth = 0
+        self._inside_since = 0.0
+        self._justified_at: Optional[float] = None
+        self._last_warning = 0.0
+        self._last_kept = -math.inf  # when keep_waiting last let a wait go on
+        self._hung_until = -math.inf  # reports a hung wait until then, though it left it
+        self._sequence = 0
+        self._probe_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._thread = None
+        if enabled and comm.Get_size() > 1:
+            self._thread = threading.Thread(target=self._respond, name="ripples-liveness",
+                                            daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ this rank's state
+
+    def enter(self) -> None:
+        """The caller starts waiting inside ripples (nested calls count once)."""
+        if self._depth == 0:
+            self._inside_since = time.monotonic()
+            self._justified_at = None
+        self._depth += 1
+
+    def leave(self) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def state(self) -> PeerState:
+        now = time.monotonic()
+        if self._depth == 0:
+            if now < self._hung_until:  # it just gave up on peers waiting on each other
+                return PeerState(math.inf, NEVER)
+            return PeerState(OUTSIDE, NEVER)
+        justified = self._justified_at
+        return PeerState(now - self._inside_since, NEVER if justified is None else now - justified)
+
+    def check_after_s(self) -> float:
+        """How long a wait runs before it asks its peers: early enough that a dead peer is
+        named within the timeout, answer bound included."""
+        if not self.enabled:
+            return self.timeout_s
+        return max(0.5 * self.timeout_s, self.timeout_s - answer_wait_s(self.timeout_s))
+
+    def stall_s_now(self) -> float:
+        """The stall warning bound for a new wait: none while a wait goes on because its
+        peers are alive (``keep_waiting`` warns for it), else ``stall_s``."""
+        if time.monotonic() - self._last_kept < self.timeout_s + grace_s(self.timeout_s):
+            return math.inf
+        return self.stall_s
+
+    # ------------------------------------------------------------------ asking the peers
+
+    def keep_waiting(self, peers: Sequence[int], error: RipplesTimeoutError) -> None:
+        """Return when the wait that raised ``error`` should go on (every peer in ``peers``,
+        world ranks, answered and some is busy, or the question is still open); otherwise
+        raise ``error``, extended by what was found. Logs a stall warning now and then."""
+        peers = sorted(set(peers) - {self.rank})
+        if not self.enabled or not peers or self._thread is None:
+            raise error
+        verdict = assess(self.probe(peers), self.timeout_s)
+        if verdict.wait:
+            self._last_kept = time.monotonic()
+            if verdict.justified:
+                self._justified_at = time.monotonic()
+            self._warn(error, verdict)
+            return
+        if verdict.dead:
+            found = (f"rank(s) {verdict.dead} did not answer a liveness check within "
+                     f"{answer_wait_s(self.timeout_s):g} s: they have likely died, or shut "
+                     "ripples down")
+        else:
+            # Peers of the same cycle may ask a moment later: this rank is not busy for
+            # them, only gone from a wait that could not end.
+            self._hung_until = time.monotonic() + self.timeout_s + grace_s(self.timeout_s)
+            found = (f"rank(s) {verdict.hung} have themselves waited inside ripples for over "
+                     f"{self.timeout_s + grace_s(self.timeout_s):g} s with no busy rank to "
+                     "wait for: the members are waiting on each other (a collective some "
+                     "member never calls, or calls in another order)")
+        raise RipplesTimeoutError(f"{error}; {found}", missing=error.missing) from error
+
+    def probe(self, peers: Sequence[int]) -> Dict[int, Optional[PeerState]]:
+        """Ask ``peers`` how they are; None for those that did not answer in time."""
+        with self._probe_lock:
+            self._sequence += 1
+            sequence = self._sequence
+            answers: Dict[int, Optional[PeerState]] = {}
+            for peer in peers:
+                try:
+                    self._comm.isend(sequence, dest=peer, tag=_PING)
+                except MPI.Exception:
+                    answers[peer] = None
+            waiting = [p for p in peers if p not in answers]
+            end = time.monotonic() + answer_wait_s(self.timeout_s)
+            pause = 1e-4
+            while waiting and time.monotonic() < end:
+                for peer in list(waiting):
+                    while self._comm.iprobe(source=peer, tag=_PONG):
+                        echo, state = self._comm.recv(source=peer, tag=_PONG)
+                        if echo == sequence:  # else a late answer to an earlier question
+                            answers[peer] = PeerState(*state)
+                            waiting.remove(peer)
+                            break
+                time.sleep(pause)
+                pause = min(0.01, pause * 2)
+            answers.update({peer: None for peer in waiting})
+            return answers
+
+    def _warn(self, error: RipplesTimeoutError, verdict: Verdict) -> None:
+        now = time.monotonic()
+        if now - self._last_warning < self.stall_s:
+            return
+        self._last_warning = now
+        who = (f"rank(s) {verdict.busy} are alive and busy outside ripples" if verdict.busy
+               else "the peers are alive and waiting on others")
+        log.warning("%s; %s, so rank %d keeps waiting (a slow rank is not a dead one; "
+                    "Config.wait_for_busy_peers=False fails instead)", error, who, self.rank)
+
+    # ------------------------------------------------------------------ the responder
+
+    def _respond(self) -> None:
+        status = MPI.Status()
+        sends: List[MPI.Request] = []
+        while not self._closing.is_set():
+            try:
+                if not self._comm.iprobe(source=MPI.ANY_SOURCE, tag=_PING, status=status):
+                    sends = [s for s in sends if not s.Test()]
+                    self._closing.wait(_RESPONDER_NAP_S)
+                    continue
+                source = status.Get_source()
+                sequence = self._comm.recv(source=source, tag=_PING)
+                sends.append(self._comm.isend((sequence, tuple(self.state())), dest=source,
+                                              tag=_PONG))
+            except MPI.Exception:  # a peer died mid-message: the others still get answers
+                self._closing.wait(_RESPONDER_NAP_S)
+
+    def close(self) -> None:
+        """Stop the responder and free the communicator."""
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._comm.Free()
