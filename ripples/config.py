@@ -31,6 +31,10 @@ class Config:
     timeout_s: every blocking wait of a collective gives up after this many seconds and
         raises ``RipplesTimeoutError`` naming the operation and the missing ranks.
     stall_warning_s: a wait that lasts longer than this logs one warning first.
+    wait_for_busy_peers: a wait that reaches ``timeout_s`` asks the peers it waits for how
+        they are, and goes on (with stall warnings) while they are alive and busy outside
+        ripples, or waiting on a busy peer; it fails only on a dead peer or on peers waiting
+        on each other (``ripples.comm.liveness``). False: fail at ``timeout_s`` regardless.
     cache_capacity: group communicators kept per rank (least recently used is freed).
     fusion_threshold_bytes: consecutive agreed all-reduces are fused into buffers up to
         this size.
@@ -50,11 +54,18 @@ class Config:
         ``trace.rank0.json``, ...), with no communication at shutdown.
     metrics_path: path prefix for per-rank metrics JSON written at shutdown, empty for none.
     ps_servers: number of ranks that become parameter servers in ``init()``.
+    ps_spare: idle spare server ranks besides those (``ripplesrun --ps-spare``), which PSLD
+        can scale out onto.
+    server_slowdown: slowness injection for servers, ``"INDEX:FACTOR[,INDEX:FACTOR]"``
+        (``ripples.ps.slowness``).
+    server_cost: the servers' emulated cost per message, ``"FIXED_MS:NS_PER_BYTE"`` (default
+        ``"0.2:1"`` once ``server_slowdown`` or this is set).
     seed: seed shared by all ranks for random schedules and injected slowdowns.
     """
 
     timeout_s: float = 60.0
     stall_warning_s: float = 10.0
+    wait_for_busy_peers: bool = True
     cache_capacity: int = 64
     fusion_threshold_bytes: int = 64 * 1024 * 1024
     bucket_bytes: int = 25 * 1024 * 1024
@@ -67,6 +78,9 @@ class Config:
     timeline_per_rank: bool = False
     metrics_path: str = ""
     ps_servers: int = 0
+    ps_spare: int = 0
+    server_slowdown: str = ""
+    server_cost: str = ""
     seed: int = 0
 
     def __post_init__(self):
@@ -81,6 +95,7 @@ class Config:
         _require(self.cycle_time_ms >= 0, "cycle_time_ms", self.cycle_time_ms, "a number >= 0")
         _require(self.compute_ms >= 0, "compute_ms", self.compute_ms, "a number >= 0")
         _require(self.ps_servers >= 0, "ps_servers", self.ps_servers, "an integer >= 0")
+        _require(self.ps_spare >= 0, "ps_spare", self.ps_spare, "an integer >= 0")
 
     @classmethod
     def load(cls, environ: Optional[Mapping[str, str]] = None, **overrides: Any) -> "Config":

@@ -109,6 +109,8 @@ class BucketReducer:
         self._join_request = None
         self._join_settled = False  # the all-joined record completed: post no more
         self._join_out = np.zeros(step_record.RECORD_FIELDS, dtype=np.int64)
+        self._agreeing = False  # the thread waits in a step record (bounded on its own)
+        self._progress_at = 0.0  # when the thread last left a step record
 
     # ------------------------------------------------------------------ one step
 
@@ -140,13 +142,23 @@ class BucketReducer:
         while self._launched < len(self.buffers):
             self.launch(self._launched)
         config = self._rt.config
-        # The thread's record round gives up after timeout_s and names the step; this
-        # bound only fires when the thread is stuck inside a data all-reduce.
+        # The thread's record round gives up on its own (after timeout_s, or later while
+        # the members it waits for are alive and busy) and names the step; this bound only
+        # fires when the thread is stuck inside a data all-reduce.
         limit = config.timeout_s * 1.5 + 1.0
-        with self._cond:
-            done = self._cond.wait_for(
-                lambda: self._error is not None or self._finished == len(self.buffers), limit)
-            error = self._error
+        liveness = self._rt.liveness
+        liveness.enter()
+        try:
+            with self._cond:
+                while True:
+                    done = self._cond.wait_for(lambda: self._error is not None
+                                               or self._finished == len(self.buffers), limit)
+                    if done or not (self._agreeing
+                                    or time.monotonic() - self._progress_at < limit):
+                        break
+                error = self._error
+        finally:
+            liveness.leave()
         if not done:
             error = RipplesTimeoutError(
                 f"{self.what} of bucket {self._finished} ({self._describe(self._finished)}) "
@@ -174,7 +186,12 @@ class BucketReducer:
                 continue
             try:
                 if index == 0:
-                    self._agree()
+                    self._agreeing = True
+                    try:
+                        self._agree()
+                    finally:
+                        self._agreeing = False
+                        self._progress_at = time.monotonic()
                 self._reduce(index)
             except BaseException as exc:  # kept for wait(), which raises it on the caller
                 with self._cond:
@@ -190,9 +207,11 @@ class BucketReducer:
         summed = np.zeros(step_record.RECORD_FIELDS, dtype=np.int64)
         request = self.comm.Iallreduce(step_record.encode(True, self.plan, self.epoch), summed,
                                        op=MPI.SUM)
+        others = [member for member in self.group if member != self._rt.rank]
         deadline = Deadline(config.timeout_s, config.stall_warning_s, lambda: (
             f"{self.what} of {self._describe(0)} (step {self.epoch}) on group {self.group}: "
-            f"not every member has started this step (rank {self._rt.rank} is waiting)"))
+            f"not every member has started this step (rank {self._rt.rank} is waiting)"),
+            lambda: others, self._rt.liveness)
         try:
             poll_until(request.Test, deadline)
         except RipplesTimeoutError as exc:
@@ -201,7 +220,7 @@ class BucketReducer:
                 f"{self.what} of {self._describe(0)} (step {self.epoch}) on group "
                 f"{self.group}: rank(s) {missing} have not called it (rank {self._rt.rank} "
                 f"is waiting; gave up after {config.timeout_s:g} s, Config.timeout_s / "
-                "RIPPLES_TIMEOUT_S)") from exc
+                "RIPPLES_TIMEOUT_S)", missing=missing) from exc
         agreement = step_record.decode(summed)
         if not (agreement.same_plan and agreement.same_epoch):
             raise MismatchError(

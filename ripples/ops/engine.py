@@ -114,19 +114,24 @@ class Engine:
         """Block until ``handle`` is done, running control rounds here when nobody else is."""
         handle.blocking = True
         pause = 0.0
-        while not handle.done:
-            if self._comm_lock.acquire(blocking=False):
-                try:
-                    progressed = handle.done or self._step_here()
-                finally:
-                    self._comm_lock.release()
-                if progressed:
-                    pause = 0.0
-                    continue
-                pause = min(_MAX_PAUSE_S, pause * 2 or _MIN_PAUSE_S)
-                handle.wait(pause)
-            else:
-                handle.wait(_MAX_PAUSE_S)
+        liveness = self._rt.liveness  # peers that wait on this rank may ask about it
+        liveness.enter()
+        try:
+            while not handle.done:
+                if self._comm_lock.acquire(blocking=False):
+                    try:
+                        progressed = handle.done or self._step_here()
+                    finally:
+                        self._comm_lock.release()
+                    if progressed:
+                        pause = 0.0
+                        continue
+                    pause = min(_MAX_PAUSE_S, pause * 2 or _MIN_PAUSE_S)
+                    handle.wait(pause)
+                else:
+                    handle.wait(_MAX_PAUSE_S)
+        finally:
+            liveness.leave()
 
     def run(self, requests: Sequence[Request], handle: Handle):
         """Submit and wait: the blocking form of a collective. Raises its error."""
@@ -205,8 +210,18 @@ class Engine:
         what = batch[0].what
         start = rt.timeline.now() if rt.timeline.enabled else 0.0
         try:
-            decision = negotiate(rt.ctl, record, what, rt.config.timeout_s,
-                                 rt.config.stall_warning_s)
+            decision = negotiate(rt.ctl, record, what, rt.liveness.check_after_s(),
+                                 rt.liveness.stall_s_now())
+        except RipplesTimeoutError as exc:
+            try:  # members that are alive and busy are waited for: a later round
+                rt.liveness.keep_waiting(exc.missing, exc)
+            except RipplesTimeoutError as final:
+                self._fail_unmatched(batch, final)
+                return True
+            now = time.monotonic()
+            for request in batch:
+                request.submitted = now
+            return False
         except RipplesError as exc:
             self._fail_unmatched(batch, exc)
             return True
@@ -231,11 +246,18 @@ class Engine:
         timeout = self._rt.config.timeout_s
         for request in batch:
             request.missing = decision.missing.get(request.name, request.missing)
-            if now - request.submitted > timeout:
-                self._fail_unmatched([request], RipplesTimeoutError(
-                    f"{request.what} {request.name!r} on group {request.group}: "
-                    f"{missing_description(request.missing)} within {timeout:g} s "
-                    f"(rank {self._rt.rank} is waiting; Config.timeout_s / RIPPLES_TIMEOUT_S)"))
+            if now - request.submitted <= timeout:
+                continue
+            error = RipplesTimeoutError(
+                f"{request.what} {request.name!r} on group {request.group}: "
+                f"{missing_description(request.missing)} within {timeout:g} s "
+                f"(rank {self._rt.rank} is waiting; Config.timeout_s / RIPPLES_TIMEOUT_S)",
+                missing=request.missing or ())
+            try:  # members busy outside ripples may still call it
+                self._rt.liveness.keep_waiting(error.missing, error)
+                request.submitted = time.monotonic()
+            except RipplesTimeoutError as final:
+                self._fail_unmatched([request], final)
 
     def _execute(self, comm, group, active: int, requests: List[Request]) -> None:
         if len(requests) == 1 and requests[0].pair is not None:  # nothing to fuse with
@@ -317,18 +339,31 @@ class Engine:
             steps_seen += ran
             return ran > 0
 
+        rt.liveness.enter()
+        try:
+            return self._join_until_all(reducers, idle, lambda: steps_seen)
+        finally:
+            rt.liveness.leave()
+
+    def _join_until_all(self, reducers, idle, steps_seen) -> int:
+        """The join rounds, until every rank has joined; returns the last to join."""
+        rt = self._rt
         rounds = 0
         while True:
             with self._comm_lock:
                 record = Record(rt.world_group, False, rounds, False, [])
-                decision = negotiate(rt.ctl, record, "join", rt.config.timeout_s,
-                                     rt.config.stall_warning_s, idle)
+                try:
+                    decision = negotiate(rt.ctl, record, "join", rt.liveness.check_after_s(),
+                                         rt.liveness.stall_s_now(), idle)
+                except RipplesTimeoutError as exc:  # ranks still training are waited for
+                    rt.liveness.keep_waiting(exc.missing, exc)
+                    continue
                 if decision.last_joined >= 0:
                     for reducer in reducers:
                         reducer.join_finish()
                     # Planned steps ran outside these rounds: a rank that took part in
                     # neither joined before someone else stopped training.
-                    fresh = rounds == 0 and steps_seen == 0
+                    fresh = rounds == 0 and steps_seen() == 0
                     last = rt.ctl.allreduce(rt.rank if fresh else -1, op=MPI.MAX)
                     if last >= 0:
                         decision.last_joined = last
