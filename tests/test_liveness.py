@@ -1,0 +1,84 @@
+"""The liveness verdict (a pure function) and the slow-is-not-dead behaviour under mpiexec.
+
+``RIPPLES_LONG_LIVENESS=1`` adds the full-size runs: ``timeout_s=30``, a rank 10x slower
+finishing 3 minutes after the others, and a killed rank named within 30 s.
+"""
+import os
+import re
+import sys
+
+import pytest
+from mpi_launch import TESTS_DIR, run_mpi, run_pytest_under_mpi
+
+from ripples.comm.liveness import NEVER, OUTSIDE, PeerState, assess, grace_s
+
+T = 10.0
+LIMIT = T + grace_s(T)
+
+
+def test_a_peer_that_does_not_answer_is_dead():
+    verdict = assess({1: PeerState(OUTSIDE, NEVER), 3: None}, T)
+    assert not verdict.wait and verdict.dead == [3]
+
+
+def test_a_busy_peer_keeps_the_wait_going_and_justifies_it():
+    verdict = assess({1: PeerState(OUTSIDE, NEVER), 2: PeerState(500.0, NEVER)}, T)
+    assert verdict.wait and verdict.justified and verdict.busy == [1]
+
+
+def test_a_peer_waiting_on_a_busy_one_justifies_a_chain():
+    verdict = assess({2: PeerState(500.0, 0.5 * T)}, T)
+    assert verdict.wait and verdict.justified
+
+
+def test_a_young_unjustified_wait_is_given_time_but_justifies_nothing():
+    verdict = assess({2: PeerState(T + 0.5, NEVER)}, T)
+    assert verdict.wait and not verdict.justified
+
+
+def test_old_unjustified_waits_are_hung():
+    verdict = assess({2: PeerState(LIMIT + 1, NEVER), 4: PeerState(LIMIT + 5, LIMIT + 1)}, T)
+    assert not verdict.wait and verdict.hung == [2, 4] and not verdict.dead
+
+
+def test_a_stale_justification_does_not_count():
+    assert not assess({2: PeerState(5 * T, LIMIT + 0.1)}, T).wait
+
+
+def test_slow_is_not_dead_under_mpiexec():
+    run_pytest_under_mpi("mpi_liveness.py", 3, timeout=150, env={"RIPPLES_TIMEOUT_S": "2"})
+
+
+def _slow_rank_run(sync, steps, fast_step_s, timeout_s, limit_s):
+    result = run_mpi([sys.executable, str(TESTS_DIR / "mpi" / "slow_rank_training.py"), sync,
+                      str(steps), str(fast_step_s)], 3, timeout=limit_s,
+                     env={"RIPPLES_TIMEOUT_S": str(timeout_s)})
+    done = dict(re.findall(r"DONE rank (\d) after ([\d.]+) s", result.stdout))
+    assert sorted(done) == ["0", "1", "2"], result.stdout
+    return float(done["2"])
+
+
+@pytest.mark.parametrize("sync", ["allreduce", "ripples"])
+def test_a_rank_ten_times_slower_finishing_many_timeouts_later_fails_nobody(sync):
+    # The slow rank's 40 steps take 20 s; the others finish theirs in 2 s and wait 9 timeouts.
+    assert _slow_rank_run(sync, 40, 0.05, 2, 150) >= 18
+
+
+LONG = os.environ.get("RIPPLES_LONG_LIVENESS") == "1"
+
+
+@pytest.mark.skipif(not LONG, reason="full-size run (about 4 minutes): RIPPLES_LONG_LIVENESS=1")
+@pytest.mark.parametrize("sync", ["allreduce", "ripples"])
+def test_full_size_slow_rank_three_minutes_behind_with_a_30_s_timeout(sync):
+    assert _slow_rank_run(sync, 200, 0.1, 30, 400) >= 180
+
+
+@pytest.mark.skipif(not LONG, reason="full-size run: RIPPLES_LONG_LIVENESS=1")
+def test_full_size_killed_rank_is_named_within_30_s():
+    result = run_mpi([sys.executable, str(TESTS_DIR / "mpi" / "rank_dies.py"), "allreduce", "-"],
+                     3, timeout=200, env={"RIPPLES_TIMEOUT_S": "30"}, check=False,
+                     mpiexec_args=["--enable-recovery"])
+    errors = re.findall(r"rank (\d) SURVIVOR-ERROR after ([\d.]+)s: (.*)", result.stdout)
+    assert sorted(r for r, _, _ in errors) == ["0", "2"], result.stdout
+    for _, seconds, message in errors:
+        assert float(seconds) <= 30 and "[1]" in message and "likely died" in message, message
