@@ -605,7 +605,7 @@ def psld_main(args):
     from ripples.config import Config
     from ripples.ps import start
 
-    context = start(MPI.COMM_WORLD, Config(ps_servers=2, timeout_s=120))
+    context = start(MPI.COMM_WORLD, Config.load(ps_servers=2, timeout_s=120))
     if context.num_workers != 4 or context.spare != 1:
         raise SystemExit(f"run with {PSLD_RANKS} ranks: 2 servers + 1 spare + 4 workers")
     wanted = args.rows.split(",") if args.rows else None

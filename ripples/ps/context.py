@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 import time
 
 from mpi4py import MPI
 
+from . import slowness
 from .transport import Channel
 
 
@@ -72,23 +72,9 @@ def make_context(world_comm, num_servers: int, timeout_s: float, spare: int = 0)
     return PSContext(ps_comm, worker_comm, num_servers, timeout_s, spare)
 
 
-def spare_from_env() -> int:
-    """``RIPPLES_PS_SPARE`` (set by ``ripplesrun --ps-spare S``), 0 when unset."""
-    text = os.environ.get("RIPPLES_PS_SPARE", "").strip()
-    try:
-        value = int(text or 0)
-    except ValueError:
-        raise ValueError(f"RIPPLES_PS_SPARE={text!r} must be an integer >= 0 (spare "
-                         f"parameter servers)") from None
-    if value < 0:
-        raise ValueError(f"RIPPLES_PS_SPARE={value} must be >= 0")
-    return value
-
-
 def start(world_comm, config, spare=None) -> PSContext:
     """Enter parameter-server mode with ``config.ps_servers`` active servers and ``spare``
-    idle ones (default ``config.ps_spare`` where the configuration has it, else
-    ``RIPPLES_PS_SPARE``, else 0), which PSLD can scale out onto.
+    idle ones (default ``config.ps_spare``), which PSLD can scale out onto.
 
     On the first ``config.ps_servers + spare`` ranks this serves until every worker has shut
     down, then finalizes MPI and exits the process with status 0 (the rest of the script
@@ -97,12 +83,12 @@ def start(world_comm, config, spare=None) -> PSContext:
     from .server import serve
 
     if spare is None:
-        spare = getattr(config, "ps_spare", None)
-    if spare is None:
-        spare = spare_from_env()
+        spare = config.ps_spare
     context = make_context(world_comm, config.ps_servers + spare, config.timeout_s, spare)
     if context.worker < 0:
-        serve(context.ps_comm, context.num_servers, config.timeout_s)
+        serve(context.ps_comm, context.num_servers, config.timeout_s,
+              {slowness.SLOWDOWN_ENV: config.server_slowdown,
+               slowness.COST_ENV: config.server_cost})
         context.ps_comm.Free()
         sys.stdout.flush()
         if not MPI.Is_finalized():

@@ -61,20 +61,21 @@ from .transport import (PROTOCOL, REPLY, REQUEST, Backoff, BufferPool, Outbox, f
                         pack, receive, state_from_wire, state_to_wire, unpack)
 
 
-def serve(comm, num_servers: int, timeout_s: float) -> None:
-    """Run this rank's server until every worker has said goodbye."""
+def serve(comm, num_servers: int, timeout_s: float, cost_settings=None) -> None:
+    """Run this rank's server until every worker has said goodbye. ``cost_settings``: the
+    slowness settings (``slowness.from_env``'s mapping), None for none."""
     # The first optimizer built in a process imports torch's compiler stack (seconds on a
     # busy machine). Pay that now, while the workers build their own models and optimizers,
     # rather than inside the first session's setup, which the workers' timeout covers.
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
-    Server(comm, num_servers, timeout_s).run()
+    Server(comm, num_servers, timeout_s, cost_settings or {}).run()
 
 
 class Server:
-    def __init__(self, comm, num_servers: int, timeout_s: float):
+    def __init__(self, comm, num_servers: int, timeout_s: float, cost_settings=None):
         self.comm = comm
         self.index = comm.Get_rank()
-        self.cost = slowness.from_env(self.index, num_servers)
+        self.cost = slowness.from_env(self.index, num_servers, cost_settings or {})
         self.busy_s = 0.0
         self.num_servers = num_servers
         self.num_workers = comm.Get_size() - num_servers

@@ -13,7 +13,6 @@ the host's real speed.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Mapping, Optional
 
@@ -57,11 +56,12 @@ def parse_cost(text: str) -> tuple:
 
 def from_env(index: int, num_servers: int,
              environ: Optional[Mapping[str, str]] = None) -> Optional[ServiceCost]:
-    """Server ``index``'s emulated cost, or None when neither variable is set.
+    """Server ``index``'s emulated cost, or None when neither setting is given. ``environ``
+    maps the variable names to ``Config.server_slowdown`` and ``Config.server_cost``.
 
     Raises ValueError naming the variable for a malformed value or an index that is not a
     server (``0..num_servers - 1``)."""
-    environ = os.environ if environ is None else environ
+    environ = {} if environ is None else environ
     spec, cost = environ.get(SLOWDOWN_ENV, ""), environ.get(COST_ENV, "")
     if not spec.strip() and not cost.strip():
         return None

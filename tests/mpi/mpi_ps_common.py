@@ -13,7 +13,7 @@ from ripples.ps import start
 
 def begin(servers: int, timeout_s: float = 20.0):
     """Enter PS mode; only workers return. Returns (context, worker index, worker count)."""
-    context = start(MPI.COMM_WORLD, Config(ps_servers=servers, timeout_s=timeout_s))
+    context = start(MPI.COMM_WORLD, Config.load(ps_servers=servers, timeout_s=timeout_s))
     return context, context.worker, context.num_workers
 
 
