@@ -140,7 +140,8 @@ class Liveness:
         named within the timeout, answer bound included."""
         if not self.enabled:
             return self.timeout_s
-        return max(0.5 * self.timeout_s, self.timeout_s - answer_wait_s(self.timeout_s))
+        margin = 0.1 * self.timeout_s  # for the round trip before the question is asked
+        return max(0.5 * self.timeout_s, self.timeout_s - answer_wait_s(self.timeout_s) - margin)
 
     def stall_s_now(self) -> float:
         """The stall warning bound for a new wait: none while a wait goes on because its

@@ -123,7 +123,8 @@ class Responder:
 
     def __init__(self, comm: MPI.Comm, rank: int, actives: Sequence[int], lock: threading.Lock,
                  tensors: Callable[[], List[torch.Tensor]],
-                 on_exchange: Callable[[int], None], timeout_s: float, stall_s: float):
+                 on_exchange: Callable[[int], None], timeout_s: float, stall_s: float,
+                 liveness=None):
         self.comm = comm
         self.rank = rank
         self.lock = lock
@@ -134,6 +135,7 @@ class Responder:
         self._on_exchange = on_exchange
         self._timeout_s = timeout_s
         self._stall_s = stall_s
+        self._liveness = liveness  # asked at the deadline whether silent actives are busy
         self._stop = threading.Event()
         self._header = np.zeros(4, dtype=np.int64)
         self._thread = threading.Thread(target=self._run, name=f"ripples-adpsgd-{rank}",
@@ -155,23 +157,31 @@ class Responder:
         """Wait until every active rank has sent DONE and been answered. The deadline
         (``timeout_s``) restarts whenever an exchange or a DONE arrives, so active ranks
         still training keep this rank waiting; one silent for ``timeout_s`` raises
-        ``RipplesTimeoutError`` naming it, and the responder stops."""
+        ``RipplesTimeoutError`` naming it, and the responder stops (with ``liveness``: only
+        when it is not alive and busy, see ``ripples.comm.liveness``)."""
         self.start()
         deadline = Deadline(self._timeout_s, self._stall_s, lambda: (
             f"rank {self.rank}: AD-PSGD passive waiting for active rank(s) "
-            f"{sorted(self._pending)} to finish (they neither exchanged nor ended)"))
+            f"{sorted(self._pending)} to finish (they neither exchanged nor ended)"),
+            lambda: sorted(self._pending), self._liveness)
         seen = (self.served, len(self._pending))
-        while self._thread.is_alive():
-            self._thread.join(0.01)
-            now = (self.served, len(self._pending))
-            if now != seen:
-                seen = now
-                deadline.restart()
-            try:
-                deadline.check()
-            except RipplesTimeoutError:
-                self.stop()
-                raise
+        if self._liveness is not None:
+            self._liveness.enter()
+        try:
+            while self._thread.is_alive():
+                self._thread.join(0.01)
+                now = (self.served, len(self._pending))
+                if now != seen:
+                    seen = now
+                    deadline.restart()
+                try:
+                    deadline.check()
+                except RipplesTimeoutError:
+                    self.stop()
+                    raise
+        finally:
+            if self._liveness is not None:
+                self._liveness.leave()
         self.check()
 
     def stop(self) -> None:

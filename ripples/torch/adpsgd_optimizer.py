@@ -92,7 +92,7 @@ class AdpsgdOptimizer(WrappedOptimizer):
         if not self.active:
             self._responder = Responder(self._comm, rt.rank, actives, self._lock, self._tensors,
                                         self._served, rt.config.timeout_s,
-                                        rt.config.stall_warning_s)
+                                        rt.config.stall_warning_s, rt.liveness)
         self._left = False
         self._closed = False
         rt.join_hooks.append(self.leave)

@@ -69,6 +69,21 @@ def test_join_waits_for_a_rank_that_trains_much_longer():
     opt.close()
 
 
+def test_an_adpsgd_passive_waits_for_an_active_rank_busy_before_it_ends():
+    busy_s = BUSY_TIMEOUTS * _timeout()
+    model = torch.nn.Linear(3, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), sync="adpsgd")
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.ones(2, 3)).sum().backward()
+        opt.step()
+    if opt.active:
+        time.sleep(busy_s)  # a long evaluation before the end: the passives wait for it
+    hvd.join()
+    opt.close()
+
+
 def test_ranks_waiting_on_each_other_fail_naming_them():
     """Rank 1 waits on a process set {1, 2} while ranks 0 and 2 wait on the world: nobody is
     busy, so every rank fails (none hangs), not before the timeout. The first to find the
