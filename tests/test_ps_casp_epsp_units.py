@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ripples.ps import casp
+from ripples.ps import casp, epsp
 from ripples.ps import policies as po
 from ripples.ps import tasks as tk
 
@@ -98,11 +98,17 @@ def board(staleness=0, rule="projection"):
     return b
 
 
+def one(b, worker, clock):
+    """Claim a single task; None when the worker's share is gone."""
+    granted = tk.claim(b, worker, clock)
+    return granted[0] if granted else None
+
+
 def test_transfer_race_the_straggler_claims_first():
     b = board()
-    assert [tk.claim(b, 0, 0), tk.claim(b, 0, 0), tk.claim(b, 0, 0)] == [(0, 0), (0, 1), None]
-    assert tk.claim(b, 1, 0) == (0, 2)
-    assert tk.claim(b, 1, 0) == (0, 3)  # the straggler starts its last task first...
+    assert [one(b, 0, 0), one(b, 0, 0), one(b, 0, 0)] == [(0, 0), (0, 1), None]
+    assert one(b, 1, 0) == (0, 2)
+    assert one(b, 1, 0) == (0, 3)  # the straggler starts its last task first...
     assert tk.steal(b, 0, 0, rounds_complete=0) is None  # ...so nothing is left to move
     assert not tk.complete(b, 0, 0, [0, 1])
     assert tk.complete(b, 1, 0, [2, 3])
@@ -110,10 +116,10 @@ def test_transfer_race_the_straggler_claims_first():
 
 def test_transfer_race_the_pioneer_steals_first():
     b = board()
-    tk.claim(b, 0, 0), tk.claim(b, 0, 0)
-    assert tk.claim(b, 1, 0) == (0, 2)
+    one(b, 0, 0), one(b, 0, 0)
+    assert one(b, 1, 0) == (0, 2)
     assert tk.steal(b, 0, 0, rounds_complete=0) == (0, 3)  # moved to the pioneer...
-    assert tk.claim(b, 1, 0) is None  # ...so the straggler's own claim finds it gone
+    assert one(b, 1, 0) is None  # ...so the straggler's own claim finds it gone
     with pytest.raises(ValueError, match=r"task \(0, 3\) completed by worker 1 but claimed by 0"):
         tk.complete(b, 1, 0, [3])
     assert not tk.complete(b, 1, 0, [2])
@@ -123,15 +129,93 @@ def test_transfer_race_the_pioneer_steals_first():
     assert b.stats["transfers"] == 1 and b.stats["transfer_log"] == [(0, 3, 1, 0)]
 
 
+def test_batched_claims_take_the_front_of_the_queue_and_report_what_is_left():
+    b = tk.TaskBoard(num_workers=2, tasks_per_clock=10, staleness=0, rebalance_every=None)
+    assert tk.claim(b, 0, 0, count=3) == [(0, 0), (0, 1), (0, 2)]
+    assert tk.unclaimed(b, 0, 0) == 2 and tk.unclaimed(b, 1, 0) == 5
+    assert tk.claim(b, 0, 0, count=3) == [(0, 3), (0, 4)]  # only two were left
+    assert tk.claim(b, 0, 0, count=3) == [] and tk.unclaimed(b, 0, 0) == 0
+    assert tk.claim(b, 1, 1, count=2) == [(1, 5), (1, 6)]  # opens clock 1
+    with pytest.raises(ValueError, match="count"):
+        tk.claim(b, 1, 0, count=0)
+
+
+def test_a_batch_claim_racing_a_steal_splits_the_queue_without_overlap():
+    # Worker 1 (3 s per task) holds 2 of its 4 tasks; the pioneer's steal and the owner's
+    # next batch claim race for the rest, in either order on server 0.
+    for steal_first in (True, False):
+        b = tk.TaskBoard(num_workers=2, tasks_per_clock=8, staleness=0, rebalance_every=None)
+        tk.observe(b, 0, 1.0)
+        tk.observe(b, 1, 3.0)
+        assert tk.claim(b, 0, 0, count=4) == [(0, 0), (0, 1), (0, 2), (0, 3)]
+        assert tk.claim(b, 1, 0, count=2) == [(0, 4), (0, 5)]
+        if steal_first:
+            assert tk.steal(b, 0, 0, 0) == (0, 7)  # 2 left x 3 s > 1.2 x 1 s
+            assert tk.claim(b, 1, 0, count=4) == [(0, 6)]
+            mine = [4, 5, 6]
+        else:
+            assert tk.claim(b, 1, 0, count=4) == [(0, 6), (0, 7)]
+            assert tk.steal(b, 0, 0, 0) is None  # the owner has started everything
+            mine = [4, 5, 6, 7]
+        theirs = [0, 1, 2, 3] + ([7] if steal_first else [])
+        assert sorted(mine + theirs) == list(range(8))
+        with pytest.raises(ValueError, match="claimed by"):
+            tk.complete(b, 0, 0, [4])  # a task held by the owner cannot be pushed by another
+        assert not tk.complete(b, 0, 0, theirs)
+        assert tk.complete(b, 1, 0, mine)
+        with pytest.raises(ValueError, match="completed twice"):
+            tk.complete(b, 1, 0, mine[-1:])
+
+
+def test_exactly_once_under_random_interleavings_of_batch_claims_and_steals():
+    rng = random.Random(5)
+    for trial in range(200):
+        workers, total = rng.randint(2, 4), rng.randint(4, 20)
+        b = tk.TaskBoard(num_workers=workers, tasks_per_clock=max(total, workers),
+                         staleness=0, rebalance_every=None)
+        for w in range(workers):
+            tk.observe(b, w, rng.choice([0.5, 1.0, 3.0]))
+        got = {w: [] for w in range(workers)}
+        for _ in range(10 * b.tasks_per_clock):
+            w = rng.randrange(workers)
+            if rng.random() < 0.6:
+                got[w] += tk.claim(b, w, 0, count=rng.randint(1, 4))
+            elif tk.unclaimed(b, w, 0) == 0:
+                moved = tk.steal(b, w, 0, 0, ahead=rng.randint(0, 1))
+                got[w] += [moved] if moved else []
+        for w in range(workers):  # every owner drains what is left of its queue
+            got[w] += tk.claim(b, w, 0, count=b.tasks_per_clock)
+        every = sorted(t for tasks in got.values() for t in tasks)
+        assert every == [(0, j) for j in range(b.tasks_per_clock)], trial
+        results = [tk.complete(b, w, 0, [j for _, j in got[w]]) for w in range(workers)]
+        assert results[-1] and b.clocks[0].done == set(range(b.tasks_per_clock)), trial
+
+
+def test_claim_batches_cover_one_round_trip_and_refill_at_half():
+    assert [epsp.claim_count(n, None, None) for n in (0, 1, 2)] == [2, 1, 0]  # unmeasured
+    # a 15 ms round trip hides behind 2 tasks of 8 ms: hold up to 4, claim at 2 or fewer
+    assert [epsp.claim_count(n, 0.008, 0.015) for n in (0, 1, 2, 3)] == [4, 3, 2, 0]
+    assert epsp.claim_count(0, 0.030, 0.015) == 2  # slow tasks: one covers the trip
+    assert epsp.claim_count(0, 0.001, 1.0) == epsp.MAX_AHEAD  # a slow link: bounded
+
+
+def test_a_pioneer_still_busy_needs_a_larger_gain_to_move_a_task():
+    b = board()
+    one(b, 0, 0), one(b, 0, 0), one(b, 1, 0)
+    # worker 1: one task left x 3 s; worker 0: 1 s per task
+    assert tk.steal(b, 0, 0, 0, ahead=2) is None  # 3 s does not exceed 1.2 x 3 x 1 s
+    assert tk.steal(b, 0, 0, 0, ahead=1) == (0, 3)  # 3 s exceeds 1.2 x 2 x 1 s
+
+
 def test_no_transfer_when_it_would_not_shorten_the_clock_or_nothing_blocks():
     b = board()
     tk.observe(b, 1, 1.0)
     tk.observe(b, 1, 1.0)  # EMA 3 -> 2.4 -> 1.98 s, one task left
-    tk.claim(b, 0, 0), tk.claim(b, 0, 0), tk.claim(b, 1, 0)
+    one(b, 0, 0), one(b, 0, 0), one(b, 1, 0)
     assert tk.steal(b, 0, 0, 0) == (0, 3)  # 1.98 s projected > 1.2 x 1 s: worth it
     b = board()
     for w in (0, 0, 1):
-        tk.claim(b, w, 0)
+        one(b, w, 0)
     for _ in range(4):
         tk.observe(b, 1, 0.5)  # EMA 3 -> 2.25 -> 1.73 -> 1.36 -> 1.10 s
     assert tk.steal(b, 0, 0, 0) is None  # 1.10 s does not exceed 1.2 x 1 s
@@ -139,20 +223,20 @@ def test_no_transfer_when_it_would_not_shorten_the_clock_or_nothing_blocks():
     assert tk.steal(b, 0, 0, 0) == (0, 3)
     b = board()
     for w in (0, 0, 1):
-        tk.claim(b, w, 0)
-    tk.claim(b, 1, 0)  # the straggler's queue is empty
+        one(b, w, 0)
+    one(b, 1, 0)  # the straggler's queue is empty
     assert tk.steal(b, 0, 0, 0) is None
     slack = board(staleness=1)
-    tk.claim(slack, 0, 0), tk.claim(slack, 0, 0), tk.claim(slack, 1, 0)
+    one(slack, 0, 0), one(slack, 0, 0), one(slack, 1, 0)
     assert tk.steal(slack, 0, 0, rounds_complete=0) is None  # may start clock 1: no block
-    tk.claim(slack, 0, 1), tk.claim(slack, 0, 1)
+    one(slack, 0, 1), one(slack, 0, 1)
     assert tk.steal(slack, 0, 1, rounds_complete=0) == (0, 3)  # blocked on clock 0
 
 
 def test_flexrr_lite_moves_by_count_without_times():
     b = tk.TaskBoard(num_workers=3, tasks_per_clock=6, staleness=0, rebalance_every=None,
                      rule="most_remaining")
-    tk.claim(b, 0, 0), tk.claim(b, 0, 0), tk.claim(b, 2, 0)
+    one(b, 0, 0), one(b, 0, 0), one(b, 2, 0)
     assert tk.steal(b, 0, 0, 0) == (0, 3)  # worker 1 has two unclaimed, worker 2 one
     assert tk.steal(b, 0, 0, 0) is None  # one left each: FlexRR-lite leaves it
     with pytest.raises(ValueError, match="rule"):

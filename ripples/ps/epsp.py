@@ -4,15 +4,29 @@
 A clock's global batch is ``tasks_per_clock`` micro-batches of ``micro_batch_size``
 samples (``tasks.py`` deals, moves and accounts for them on server 0). Iterating a
 ``TaskSampler`` yields the sample indices of the tasks this worker computes in its current
-clock: first its own share, claimed one at a time with ``PIPELINE`` claims in flight (the
-next claims travel while the current task is computed), then, once its share is claimed,
-tasks moved to it from projected stragglers (server 0 moves one only when the staleness
-gate would block the worker), also ``PIPELINE`` requests in flight, until one is refused. Each time the
-loop asks for the next task, the gradients accumulated in the parameters' ``.grad`` since
-the previous one are credited to the previous task (summed per clock, ``.grad`` reset to
-None). ``step()`` then pushes, per clock, the sum and the task ids; the servers apply a
-clock once all its tasks have arrived, as the mean over tasks, i.e. the gradient of the
-global batch when the loss is a mean over the micro-batch.
+clock: first its own share, then, once its share is claimed, tasks moved to it from
+projected stragglers (server 0 moves one only when the staleness gate would block the
+worker), one at a time until one is refused. Each time the loop asks for the next task,
+the gradients accumulated in the parameters' ``.grad`` since the previous one are credited
+to the previous task (summed per clock, ``.grad`` reset to None). ``step()`` then pushes,
+per clock, the sum and the task ids; the servers apply a clock once all its tasks have
+arrived, as the mean over tasks, i.e. the gradient of the global batch when the loss is a
+mean over the micro-batch.
+
+Claims travel in batches, one request in flight at a time, and never make the loop wait
+while it has claimed tasks to compute (``claim_count``). A worker starts only tasks that
+server 0 granted it, so a task is never computed twice even when a pioneer asks for it as
+the owner reaches it: whichever request server 0 handles first gets it. Choices where the
+published description is silent, and why:
+
+- Batch size: a claim round trip ``rtt`` hides behind ``L = ceil(rtt / task time)``
+  tasks, so a worker claims up to ``2 L`` tasks whenever it has ``L`` or fewer in hand:
+  about one claim per ``L`` tasks instead of one per task. Claimed tasks are out of reach
+  of transfers, but the ones a worker would start within a round trip could not move in
+  time anyway (a steal is a round trip too). Before anything is measured, ``L = 1``;
+  ``L`` is at most ``MAX_AHEAD``.
+- A pioneer asks for a moved task as it starts its last one, so the answer travels while
+  it computes (``tasks.steal``'s ``ahead``); a refusal then costs no waiting.
 
 Sample order: the infinite stream of epochs (each a permutation of ``range(num_samples)``
 seeded by ``seed + epoch`` when ``shuffle``, else in order) cut into micro-batches; task
@@ -26,17 +40,28 @@ forever; ``step()`` refuses to push in that case).
 from __future__ import annotations
 
 import collections
+import math
 import time
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from ..errors import RipplesError
 
-# Requests kept in flight: a claim is a round trip to server 0, which with link latency
-# can take longer than a task; two in flight hide it (and keep at most two of a worker's
-# tasks claimed ahead of its computation, out of reach of transfers).
-PIPELINE = 2
+# Tasks a worker may hold claimed ahead of the one it computes, at most: bounds what a slow
+# link takes out of reach of transfers.
+MAX_AHEAD = 8
+RTT_ALPHA = 0.3  # EMA weight of the latest claim round trip
+
+
+def claim_count(in_hand: int, task_s: Optional[float], rtt_s: Optional[float]) -> int:
+    """Tasks to claim now, holding ``in_hand`` claimed and not started (see the module
+    docstring): 0 while ``in_hand`` covers a round trip, else enough for two."""
+    if task_s is None or rtt_s is None:
+        cover = 1
+    else:
+        cover = min(MAX_AHEAD // 2, max(1, math.ceil(rtt_s / max(task_s, 1e-9))))
+    return 0 if in_hand > cover else 2 * cover - in_hand
 
 
 class TaskSampler:
@@ -107,36 +132,62 @@ class TaskRunner:
         self.ids: Dict[int, List[int]] = {}
         self.finished = True  # nothing claimed yet
         self.task_s: Optional[float] = None
+        self.rtt_s: Optional[float] = None
         self._began = 0.0
-        self.prefetched: List[Tuple[int, int]] = []  # (clock, request id)
-        self.stats = {"tasks": 0, "stolen": 0, "task_log": []}
+        self.prefetched: Optional[Tuple[int, dict]] = None  # (clock, claim request)
+        self.stats = {"tasks": 0, "stolen": 0, "task_log": [], "requests": 0}
 
     def tasks(self) -> Iterator[Tuple[int, int]]:
         """This worker's tasks of its current clock (see the module docstring)."""
         clock = self.ps.clock
         self.finished = False
-        pending = collections.deque((rid, False) for c, rid in self.prefetched if c == clock)
-        self.prefetched = []
-        stealing, asking = False, True
+        in_hand: Deque[Tuple[int, int]] = collections.deque()
+        own_left, moves = True, True  # own share not all claimed; no move refused yet
+        request = None  # at most one in flight
+        if self.prefetched is not None:
+            prefetched_clock, request = self.prefetched
+            self.prefetched = None
+            if prefetched_clock != clock:
+                if self._answer(request)[0]:
+                    raise RipplesError(f"worker {self.ps.worker} claimed tasks of clock "
+                                       f"{prefetched_clock} but runs clock {clock}")
+                request = None
         while True:
-            while asking and len(pending) < PIPELINE:
-                pending.append((self._request(clock, steal=stealing), stealing))
-            if not pending:
-                break
-            rid, was_steal = pending.popleft()
-            task = self._answer(rid)
-            if task is None:
-                # Own share claimed: ask for moved tasks; once a move is refused, stop asking
-                # (answers already on their way may still bring tasks).
-                asking = asking and not was_steal
-                stealing = True
+            # Take an answer once it is there, or wait for it when nothing is in hand.
+            if request is not None and (not in_hand or self._arrived(request)):
+                granted, left = self._answer(request)
+                in_hand.extend(granted)
+                if request["steal"]:
+                    self.stats["stolen"] += len(granted)
+                    moves = bool(granted)
+                else:
+                    own_left = left > 0
+                request = None
+            if not in_hand:
+                if request is None:
+                    if not own_left and not moves:
+                        break
+                    request = self._next_request(clock, 0, own_left, moves, computing=False)
                 continue
-            if was_steal:
-                self.stats["stolen"] += 1
+            task = in_hand.popleft()
+            if request is None:
+                request = self._next_request(clock, len(in_hand), own_left, moves,
+                                             computing=True)
             self._began = time.monotonic()
             yield task
             self._credit(task)
         self.finished = True
+
+    def _next_request(self, clock: int, in_hand: int, own_left: bool, moves: bool,
+                      computing: bool) -> Optional[dict]:
+        """The request to send now, if any, holding ``in_hand`` tasks claimed and not started
+        (plus the one starting now when ``computing``)."""
+        if own_left:
+            count = claim_count(in_hand, self.task_s, self.rtt_s)
+            return self._request(clock, steal=False, count=count) if count else None
+        if moves and in_hand == 0:
+            return self._request(clock, steal=True, ahead=int(computing))
+        return None
 
     def _credit(self, task) -> None:
         """Add the parameters' gradients to ``task``'s clock and time it."""
@@ -151,14 +202,25 @@ class TaskRunner:
         self.stats["tasks"] += 1
         self.stats["task_log"].append(task)
 
-    def _request(self, clock: int, steal: bool) -> int:
-        return self.ps.channel.send(0, {"kind": "task", "sid": self.ps.sid, "w": self.ps.worker,
-                                        "clock": clock, "steal": steal, "task_s": self.task_s})
+    def _request(self, clock: int, steal: bool, count: int = 1, ahead: int = 0) -> dict:
+        self.stats["requests"] += 1
+        message = {"kind": "task", "sid": self.ps.sid, "w": self.ps.worker, "clock": clock,
+                   "steal": steal, "count": count, "ahead": ahead, "task_s": self.task_s}
+        return {"rid": self.ps.channel.send(0, message), "steal": steal,
+                "sent": time.monotonic(), "answer": None}
 
-    def _answer(self, rid: int):
-        answer = self.ps.channel.wait(0, rid, 2 * self.ps.timeout_s,
-                                      f"worker {self.ps.worker} task claim")
-        return None if answer["task"] is None else tuple(answer["task"])
+    def _arrived(self, request: dict) -> bool:
+        if request["answer"] is None:
+            request["answer"] = self.ps.channel.poll(0, request["rid"])
+        return request["answer"] is not None
+
+    def _answer(self, request: dict) -> Tuple[List[Tuple[int, int]], int]:
+        """The tasks granted by ``request`` and the own share's unclaimed count."""
+        answer = request["answer"] or self.ps.channel.wait(
+            0, request["rid"], 2 * self.ps.timeout_s, f"worker {self.ps.worker} task claim")
+        rtt = answer["_arrived"] - request["sent"]
+        self.rtt_s = rtt if self.rtt_s is None else (1 - RTT_ALPHA) * self.rtt_s + RTT_ALPHA * rtt
+        return [tuple(t) for t in answer["tasks"]], answer["left"]
 
     def step(self, skip: bool) -> None:
         """Push every clock's sums and task ids, advance the clock, pull as the gate says."""
@@ -171,6 +233,6 @@ class TaskRunner:
                          skip)
         ps.clock += 1
         # Claim the next clock's first tasks while the pull waits (claims ignore the gate).
-        self.prefetched = [(ps.clock, self._request(ps.clock, steal=False))
-                           for _ in range(PIPELINE)]
+        self.prefetched = (ps.clock, self._request(
+            ps.clock, steal=False, count=claim_count(0, self.task_s, self.rtt_s)))
         ps.pull_now()

@@ -23,8 +23,9 @@ community controller (``casp.Controller``) and sends the current plan with every
 a pull, so a leader learns a new plan at a round boundary.
 
 Tasks (``epsp``, ``flexrr``): server 0 keeps the ``tasks.TaskBoard`` and answers ``task``
-requests (claims and steals). A push carries the summed gradients of the tasks a worker
-computed for one clock and their ids; a clock's round is applied, as the sum over the
+requests (claims of ``count`` tasks, and steals) with the tasks granted and how many of the
+worker's own share are still unclaimed. A push carries the summed gradients of the tasks a
+worker computed for one clock and their ids; a clock's round is applied, as the sum over the
 clock's tasks divided by their number, once all of them have arrived, in clock order. A
 task pushed twice fails the session (every server checks; server 0 also checks that the
 pusher claimed it).
@@ -442,11 +443,16 @@ class Session:
                              f"{self.server.index}; server 0 keeps the tasks")
         if message.get("task_s") is not None:
             tasks.observe(self.board, worker, message["task_s"])
+        clock = message["clock"]
         if message["steal"]:
-            task = tasks.steal(self.board, worker, message["clock"], self.rounds.applied)
+            task = tasks.steal(self.board, worker, clock, self.rounds.applied,
+                               message.get("ahead", 0))
+            granted = [] if task is None else [task]
         else:
-            task = tasks.claim(self.board, worker, message["clock"])
-        self.server.reply(worker, {"rid": message["rid"], "task": task}, self.delay_s)
+            granted = tasks.claim(self.board, worker, clock, message.get("count", 1))
+        self.server.reply(worker, {"rid": message["rid"], "tasks": granted,
+                                   "left": tasks.unclaimed(self.board, worker, clock)},
+                          self.delay_s)
 
     def on_task_push(self, worker: int, message: dict) -> None:
         """Add one worker's summed task gradients to its clock; apply complete clocks."""

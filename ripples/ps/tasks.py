@@ -6,13 +6,16 @@ claim is decided in one place, one message at a time.
 
 The global batch of clock ``c`` is cut into ``tasks_per_clock`` tasks ``(c, j)``. When a
 clock opens, its task ids are dealt to the workers as consecutive runs by the current
-*shares*. A worker claims its own tasks from the front of its queue before it starts each;
-when its queue is empty and it would block (the staleness gate does not let it start its
-next clock), it may *steal* the last unclaimed task of another worker's queue. A task is
-claimed at most once, by construction: a claim and a steal of the same task are two
-messages to the same server, and the second finds it gone. A push names the tasks whose
-gradients it carries; ``complete`` refuses a task that the pusher did not claim or that
-was already completed. A clock is complete when all of its tasks are.
+*shares*. A worker claims its own tasks from the front of its queue, a few at a time
+(``claim(..., count)``), and starts only tasks it has claimed: a claim is the owner's
+confirmation that it will start them. When its queue is empty and it would block (the
+staleness gate does not let it start its next clock), it may *steal* the last unclaimed
+task of another worker's queue. A task is claimed at most once, by construction: a claim
+and a steal of the same task are two messages to the same server, and the second finds it
+gone; a task stays stealable until its owner's claim reaches the server, and once claimed
+it is out of reach. A push names the tasks whose gradients it carries; ``complete``
+refuses a task that the pusher did not claim or that was already completed. A clock is
+complete when all of its tasks are.
 
 Choices where the published description is silent, and why:
 
@@ -22,7 +25,9 @@ Choices where the published description is silent, and why:
 - *Straggler projection*: a worker's projected remaining time in a clock is its unclaimed
   tasks times its time per task. A steal happens only when the victim's projection exceeds
   the pioneer's time for one task by the threshold, i.e. when moving the task shortens the
-  clock; the victim is the worker with the largest projection (``rule="projection"``).
+  clock; the victim is the worker with the largest projection (``rule="projection"``). A
+  pioneer may ask while it still computes ``ahead`` tasks of its own (so that the answer
+  travels meanwhile); the move must then beat ``1 + ahead`` of its task times.
   FlexRR-lite uses ``rule="most_remaining"`` instead: the worker with the most unclaimed
   tasks, any time it has more than one, without time measurements.
 - *Rebalancing*: shares are proportional to speed (1 / time per task) by the largest
@@ -128,17 +133,28 @@ def open_through(board: TaskBoard, clock: int) -> None:
         board.opened += 1
 
 
-def claim(board: TaskBoard, worker: int, clock: int) -> Optional[Task]:
-    """The next task of ``worker``'s own share of ``clock``, or None when its share is
-    claimed (by it or by others)."""
+def claim(board: TaskBoard, worker: int, clock: int, count: int = 1) -> List[Task]:
+    """Up to ``count`` next tasks of ``worker``'s own share of ``clock``, in order; fewer (or
+    none) when the rest of its share is claimed (by it or moved to others). ``worker``
+    must start only tasks returned here or by ``steal``."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count!r}")
     open_through(board, clock)
     tasks = board.clocks[clock]
-    if not tasks.queues[worker]:
-        return None
-    j = tasks.queues[worker].popleft()
-    tasks.claimed[j] = worker
+    queue = tasks.queues[worker]
+    granted = []
+    while queue and len(granted) < count:
+        j = queue.popleft()
+        tasks.claimed[j] = worker
+        granted.append((clock, j))
     board.stats["claims"] += 1
-    return clock, j
+    return granted
+
+
+def unclaimed(board: TaskBoard, worker: int, clock: int) -> int:
+    """How many tasks of ``worker``'s own share of ``clock`` nobody has claimed yet."""
+    open_through(board, clock)
+    return len(board.clocks[clock].queues[worker])
 
 
 def projected_remaining(board: TaskBoard, clock: int) -> List[float]:
@@ -148,13 +164,15 @@ def projected_remaining(board: TaskBoard, clock: int) -> List[float]:
     return [len(q) * time_per_task(board, w) for w, q in enumerate(queues)]
 
 
-def steal(board: TaskBoard, worker: int, clock: int, rounds_complete: int) -> Optional[Task]:
+def steal(board: TaskBoard, worker: int, clock: int, rounds_complete: int,
+          ahead: int = 0) -> Optional[Task]:
     """A task moved to ``worker``, which has claimed its share of ``clock`` and would block:
     it may start clock ``clock + 1`` only once ``rounds_complete >= clock + 1 - staleness``.
-    Returns None when it would not block or no move shortens a blocking clock."""
+    ``ahead``: tasks ``worker`` computes before it can start the moved one. Returns None
+    when it would not block or no move shortens a blocking clock."""
     open_through(board, clock)
     for c in range(rounds_complete, clock + 1 - board.staleness):
-        victim = _victim(board, worker, c)
+        victim = _victim(board, worker, c, ahead)
         if victim is not None:
             tasks = board.clocks[c]
             j = tasks.queues[victim].pop()
@@ -165,7 +183,7 @@ def steal(board: TaskBoard, worker: int, clock: int, rounds_complete: int) -> Op
     return None
 
 
-def _victim(board: TaskBoard, worker: int, clock: int) -> Optional[int]:
+def _victim(board: TaskBoard, worker: int, clock: int, ahead: int) -> Optional[int]:
     queues = board.clocks[clock].queues
     others = [w for w in range(board.num_workers) if w != worker and queues[w]]
     if not others:
@@ -175,7 +193,7 @@ def _victim(board: TaskBoard, worker: int, clock: int) -> Optional[int]:
         return victim if len(queues[victim]) > 1 else None
     remaining = projected_remaining(board, clock)
     victim = max(others, key=lambda w: (remaining[w], -w))
-    if remaining[victim] > (1 + board.threshold) * time_per_task(board, worker):
+    if remaining[victim] > (1 + board.threshold) * (1 + ahead) * time_per_task(board, worker):
         return victim
     return None
 
