@@ -66,11 +66,16 @@ class AdpsgdSchedule(Schedule):
     """This rank's pairs of :func:`adpsgd_pairs`: one for an active rank, zero or more for
     a passive rank."""
 
+    kind = "adpsgd"
+
     def __init__(self, rank: int, size: int, seed: int):
         check_world(rank, size)
         check_int("seed", seed, low=0)
         super().__init__(rank, size)
         self.seed = seed
+
+    def settings(self) -> dict:
+        return {**super().settings(), "seed": self.seed}
 
     def groups_for_step(self, step: int) -> List[Assignment]:
         self._check_step(step)

@@ -26,10 +26,19 @@ class Schedule(abc.ABC):
     ``close()`` (idempotent; releases threads and messages).
     """
 
+    kind = ""  # the name make_schedule knows it by; a schedule of the user's has its class name
+
     def __init__(self, rank: int, size: int):
         self.rank = rank
         self.size = size
         self._left = False
+
+    def settings(self) -> dict:
+        """What the groups of a step depend on, besides the step: a position (step count)
+        saved under one set of settings means other groups under another, so a resumed run
+        checks them (:func:`ripples.schedule.resume.check_resume`). Subclasses add theirs."""
+        return {"schedule": self.kind or type(self).__name__, "size": self.size,
+                "rank": self.rank}
 
     @abc.abstractmethod
     def groups_for_step(self, step: int) -> List[Assignment]:

@@ -148,7 +148,16 @@ class GeneratorSchedule(Schedule):
     has closed (bounded by ``timeout_s`` without activity) and the thread has exited; with
     ``free_comm`` it then frees ``comm``. Other arguments are those of
     :class:`GroupGenerator`.
+
+    Nothing of the generator is saved for a resumed run: its groups depend on when ranks
+    become ready, so no saved state would repeat them. A resumed run, every rank restarting
+    together, starts a fresh generator (empty FIFOs, sequence numbers from 0, the RNG from
+    ``seed``, speeds unknown) and clients holding no groups: a consistent state, since no
+    rank holds or waits for a group of the interrupted run. Groups a rank held but had not
+    executed when it saved are dropped with the rest of the interrupted run.
     """
+
+    kind = "generator"
 
     def __init__(self, comm, group_size: int, seed: int = 0, policy: str = "ready",
                  timeout_s: float = 60.0, batch: int = 1, poll_interval_s: float = 1e-4,
@@ -159,6 +168,7 @@ class GeneratorSchedule(Schedule):
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         super().__init__(rank, size)
+        self.group_size = group_size
         self.comm = comm
         self._free_comm = free_comm
         self.timeout_s = timeout_s
@@ -172,6 +182,9 @@ class GeneratorSchedule(Schedule):
         if rank == SERVICE_RANK:
             self._service = GeneratorService(comm, generator, poll_interval_s)
             self._service.start()
+
+    def settings(self) -> dict:
+        return {**super().settings(), "group_size": self.group_size}
 
     def groups_for_step(self, step: int) -> List[Assignment]:
         self._check_step(step)

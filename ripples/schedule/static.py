@@ -81,11 +81,16 @@ def assignment_of(rank: int, step: int, partition: List[Group]) -> Assignment:
 class StaticSchedule(Schedule):
     """One group per step from :func:`static_partition` (``seq`` from :func:`assignment_of`)."""
 
+    kind = "static"
+
     def __init__(self, rank: int, size: int, local_size: int):
         check_world(rank, size)
         check_int("local_size", local_size, low=1)
         super().__init__(rank, size)
         self.local_size = local_size
+
+    def settings(self) -> dict:
+        return {**super().settings(), "local_size": self.local_size}
 
     def groups_for_step(self, step: int) -> List[Assignment]:
         self._check_step(step)
@@ -94,7 +99,12 @@ class StaticSchedule(Schedule):
 
 
 class RandomSchedule(Schedule):
-    """One group per step from :func:`random_partition` (``seq`` from :func:`assignment_of`)."""
+    """One group per step from :func:`random_partition` (``seq`` from :func:`assignment_of`).
+
+    It draws from ``(seed, step)`` alone and keeps no generator state between steps, so
+    the step count is all a resumed run needs to draw the same partitions."""
+
+    kind = "random"
 
     def __init__(self, rank: int, size: int, group_size: int, seed: int):
         check_world(rank, size)
@@ -103,6 +113,9 @@ class RandomSchedule(Schedule):
         super().__init__(rank, size)
         self.group_size = group_size
         self.seed = seed
+
+    def settings(self) -> dict:
+        return {**super().settings(), "group_size": self.group_size, "seed": self.seed}
 
     def groups_for_step(self, step: int) -> List[Assignment]:
         self._check_step(step)
