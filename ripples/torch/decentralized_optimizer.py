@@ -14,6 +14,7 @@ import torch
 
 from ripples.ops.partial import grouped_partial_allreduce_
 from ripples.schedule import Schedule, make_schedule
+from ripples.schedule.resume import check_resume
 from ripples.torch.flat_parameters import FlatParameters
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import record
@@ -107,9 +108,15 @@ class DecentralizedOptimizer(WrappedOptimizer):
 
     ``state_dict()`` saves the local step and synchronization counters, so a run resumed
     from it asks a deterministic schedule (``"static"``, ``"random"``, ``"adpsgd-sync"``) for the
-    same groups an uninterrupted run would have used. The ``"generator"`` schedule forms
-    groups from the order in which ranks become ready, so a resumed run restores the
-    parameters, optimizer state and counters but not the identical sequence of groups.
+    same groups an uninterrupted run would have used. These schedules are pure functions
+    of the step (the random one draws from ``(seed, step)``), so the counters are their
+    whole state. The ``"generator"`` schedule forms groups from the order in which ranks
+    become ready, so a resumed run restores the parameters, optimizer state and counters
+    but not the identical sequence of groups: every rank starts a fresh generator (see
+    ``GeneratorSchedule``). Each rank saves its own state, with its schedule's settings
+    (schedule, rank, world size, group size...); ``load_state_dict`` raises ValueError, naming
+    the setting, when they differ from this optimizer's, e.g. when a rank loads the file
+    another rank saved.
     """
 
     def __init__(self, optimizer, named, mode, schedule: Schedule, sync_every: int, model):
@@ -166,7 +173,13 @@ class DecentralizedOptimizer(WrappedOptimizer):
     def extra_state(self) -> dict:
         state = super().extra_state()
         state["syncs"] = self._syncs
+        state["schedule"] = self.schedule.settings()
         return state
+
+    def check_extra_state(self, extra: dict) -> None:
+        # A state saved before schedule settings were recorded has nothing to compare.
+        if "schedule" in extra:
+            check_resume(extra["schedule"], self.schedule.settings())
 
     def load_extra_state(self, extra: dict) -> None:
         super().load_extra_state(extra)

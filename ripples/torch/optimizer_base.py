@@ -94,3 +94,13 @@ class WrappedOptimizer(OptimizerWrapper):
 
     def load_extra_state(self, extra: dict) -> None:
         self._steps = int(extra.get("steps", 0))
+
+    def check_extra_state(self, extra: dict) -> None:
+        """Raise ValueError if ``extra`` (what ``extra_state`` saved) cannot resume here.
+        Asked before anything is loaded, so a refused state changes nothing."""
+
+    def load_state_dict(self, state_dict):
+        """Load a ``state_dict()``; ValueError, with nothing loaded, if its ``"ripples"``
+        entry was saved under settings this optimizer cannot resume from."""
+        self.check_extra_state(state_dict.get(self.EXTRA_KEY) or {})
+        super().load_state_dict(state_dict)
