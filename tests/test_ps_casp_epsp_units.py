@@ -74,20 +74,21 @@ def test_plan_wire_form_round_trips():
     assert casp.from_labels(casp.labels(plan, 6)) == plan
 
 
-@pytest.mark.parametrize("speeds,total,expected", [
+@pytest.mark.parametrize("times,total,expected", [
     ([1, 1, 1], 9, [3, 3, 3]),
-    ([3, 1], 8, [6, 2]),
-    # one each, then 16 spare: 2.18 per fast worker, 0.73 for the slow one; the two
-    # leftover tasks go to the largest remainders (0.73, then worker 0's 0.18)
-    ([1, 1, 1, 1, 1, 1, 1, 1 / 3], 24, [4, 3, 3, 3, 3, 3, 3, 2]),
-    ([1] * 7 + [1 / 3], 44, [6, 6, 6, 6, 6, 6, 6, 2]),
-    ([100, 1, 1], 4, [2, 1, 1]),  # at least one task each
+    ([1, 3], 8, [6, 2]),  # 6 x 1 s and 2 x 3 s: a seventh task on worker 0 would take 7 s
+    # one each, then the fast ones fill up to 3 s; the last two go to workers 0 and 1 (4 s)
+    # rather than to the slow one (2 x 3 = 6 s)
+    ([1, 1, 1, 1, 1, 1, 1, 3], 24, [4, 4, 3, 3, 3, 3, 3, 1]),
+    ([1] * 7 + [3], 44, [6, 6, 6, 6, 6, 6, 6, 2]),  # 6 s each
+    ([0.01, 1, 1], 4, [2, 1, 1]),  # at least one task each
 ])
-def test_shares_are_proportional_and_keep_the_global_batch(speeds, total, expected):
-    shares = tk.proportional_shares(speeds, total)
+def test_shares_follow_speed_minimize_the_clock_and_keep_the_global_batch(times, total,
+                                                                          expected):
+    shares = tk.balanced_shares(times, total)
     assert shares == expected and sum(shares) == total
     with pytest.raises(ValueError, match="tasks_per_clock"):
-        tk.proportional_shares(speeds, len(speeds) - 1)
+        tk.balanced_shares(times, len(times) - 1)
 
 
 def board(staleness=0, rule="projection"):

@@ -30,9 +30,14 @@ Choices where the published description is silent, and why:
   travels meanwhile); the move must then beat ``1 + ahead`` of its task times.
   FlexRR-lite uses ``rule="most_remaining"`` instead: the worker with the most unclaimed
   tasks, any time it has more than one, without time measurements.
-- *Rebalancing*: shares are proportional to speed (1 / time per task) by the largest
-  remainder method, at least one task per worker so that every worker stays measured; the
-  sum stays ``tasks_per_clock``, so the global batch per clock is constant.
+- *Rebalancing*: shares follow speed, rounded to whole tasks so that the projected clock
+  time (the largest share times its worker's time per task) is as short as possible: each
+  task goes, one by one, to the worker that would finish it first. This is proportional
+  to speed up to rounding; largest-remainder rounding of the proportional shares can leave
+  a slow worker one task that alone outlasts everyone else's share (8 workers, one 3x slow,
+  24 tasks: 2 tasks of 3 s against 3-4 tasks of 1 s). At least one task per worker, so
+  that every worker stays measured; the sum stays ``tasks_per_clock``, so the global batch
+  per clock is constant.
 - Clocks are opened in order, each with the shares current when it opens.
 """
 from __future__ import annotations
@@ -47,20 +52,18 @@ RULES = ("projection", "most_remaining")
 Task = Tuple[int, int]
 
 
-def proportional_shares(speeds: Sequence[float], total: int, minimum: int = 1) -> List[int]:
-    """Integers summing to ``total``, proportional to ``speeds`` (largest remainder), each at
-    least ``minimum``. Raises ValueError if ``total < minimum * len(speeds)``."""
-    n = len(speeds)
+def balanced_shares(task_times: Sequence[float], total: int, minimum: int = 1) -> List[int]:
+    """Integers summing to ``total``, each at least ``minimum``, that minimize the largest
+    ``share * task_time`` (each task in turn to the worker that would finish it first, ties
+    to the lowest index). Raises ValueError if ``total < minimum * len(task_times)``."""
+    n = len(task_times)
     if total < minimum * n:
         raise ValueError(f"tasks_per_clock={total} cannot give {n} workers {minimum} each")
-    spare = total - minimum * n
-    weight = sum(speeds)
-    exact = [spare * s / weight if weight > 0 else spare / n for s in speeds]
-    shares = [int(e) for e in exact]
-    order = sorted(range(n), key=lambda w: (-(exact[w] - shares[w]), w))
-    for w in order[: spare - sum(shares)]:
+    shares = [minimum] * n
+    for _ in range(total - minimum * n):
+        w = min(range(n), key=lambda v: ((shares[v] + 1) * task_times[v], v))
         shares[w] += 1
-    return [minimum + s for s in shares]
+    return shares
 
 
 def deal(shares: Sequence[int]) -> List[List[int]]:
@@ -102,7 +105,7 @@ class TaskBoard:
         if self.rule not in RULES:
             raise ValueError(f"rule must be one of {list(RULES)}, got {self.rule!r}")
         if not self.shares:
-            self.shares = proportional_shares([1.0] * self.num_workers, self.tasks_per_clock)
+            self.shares = balanced_shares([1.0] * self.num_workers, self.tasks_per_clock)
 
 
 def observe(board: TaskBoard, worker: int, seconds: float) -> None:
@@ -125,8 +128,8 @@ def open_through(board: TaskBoard, clock: int) -> None:
         c = board.opened
         if board.rebalance_every and c > 0 and c % board.rebalance_every == 0 \
                 and len(board.task_time) == board.num_workers:
-            speeds = [1 / time_per_task(board, w) for w in range(board.num_workers)]
-            board.shares = proportional_shares(speeds, board.tasks_per_clock)
+            times = [time_per_task(board, w) for w in range(board.num_workers)]
+            board.shares = balanced_shares(times, board.tasks_per_clock)
             board.stats["rebalances"] += 1
         board.stats["shares_log"].append((c, list(board.shares)))
         board.clocks[c] = ClockTasks([collections.deque(run) for run in deal(board.shares)])
