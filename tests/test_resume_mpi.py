@@ -1,5 +1,5 @@
-"""Exact resume of decentralized training (4 ranks, see tests/mpi/mpi_resume.py): the
-static and random schedules resume bit for bit; the generator resumes without deadlock,
+"""Exact resume of decentralized training (4 ranks, a saving job then a resuming job, see
+tests/mpi/mpi_resume.py): the static and random schedules resume bit for bit; the generator resumes without deadlock,
 with the right counters and an averaged model close to the uninterrupted run's; a state
 loaded on the wrong rank or under other schedule settings is refused, naming the setting."""
 import re
@@ -18,9 +18,13 @@ def lines(out, schedule, label):
     return found
 
 
-def test_resume_matches_the_uninterrupted_run_and_refuses_foreign_states():
-    out = run_mpi([sys.executable, SCRIPT, "static", "random", "generator"], RANKS,
-                  timeout=150, env={"RIPPLES_TIMEOUT_S": "20"}).stdout
+def test_resume_matches_the_uninterrupted_run_and_refuses_foreign_states(tmp_path):
+    schedules = ["static", "random", "generator"]
+    env = {"RIPPLES_TIMEOUT_S": "20"}
+    run_mpi([sys.executable, SCRIPT, "save", str(tmp_path), *schedules], RANKS, timeout=90,
+            env=env)
+    out = run_mpi([sys.executable, SCRIPT, "resume", str(tmp_path), *schedules], RANKS,
+                  timeout=150, env=env).stdout
     for schedule in ("static", "random", "generator"):
         counters = lines(out, schedule, "STEPS")
         assert set(counters.values()) == {f"{STEPS} SYNCS {STEPS}"}, out

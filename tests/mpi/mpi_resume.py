@@ -1,24 +1,25 @@
-"""Checkpoint and resume of decentralized training, for each schedule named in argv[1:].
+"""Checkpoint and resume of decentralized training, as two jobs: ``save DIR SCHEDULE...``
+then ``resume DIR SCHEDULE...``.
 
-Two runs from the same start: one trains N steps without stopping; the other trains K
-steps, saves every rank's own ``model.state_dict()`` and ``opt.state_dict()`` (through
-``torch.save``, as to a file), builds a fresh model and optimizer as a restarted script
-would, loads both and trains the remaining N - K steps. Every rank's data depends only on
-(rank, step), so both runs see the same batches. Each rank prints:
+``save`` trains K steps with each schedule and writes every rank's own
+``model.state_dict()`` and ``opt.state_dict()`` to ``DIR/<schedule>-<rank>.pt``. ``resume``,
+a new process as a restarted script is, first trains N steps from the same start without
+stopping, then builds a fresh model and optimizer, loads its rank's file and trains the
+remaining N - K steps. Every rank's data depends only on (rank, step), so both runs see
+the same batches. ``resume`` prints, per schedule and rank, ``<schedule> rank R`` and:
 
-Lines start with the schedule's name, then
-
-* ``rank R SAME <0|1>``: whether its final parameters equal the uninterrupted run's bit for bit;
-* ``rank R STEPS s SYNCS y``: the counters of the resumed optimizer at the end;
-* ``rank R AVGDIFF d MOVED m``: how far the rank-averaged final model is from the
-  uninterrupted one, and how far training moved it from its start;
-* ``rank R WRONG <error>``: what loading another rank's optimizer state raised;
-* ``rank R UNTOUCHED <0|1>``: whether the optimizer was left as built after that;
-* ``rank R OTHER <error>``: what loading a state saved under another schedule raised;
-* ``rank R GROUP <error>``: the same under another group size (not for ``"static"``,
-  which has no group size).
+* ``WRONG <error>``: what loading the file of rank R + 1 raised;
+* ``UNTOUCHED <0|1>``: whether the optimizer was left as built after that;
+* ``SAME <0|1>``: whether the final parameters and buffers equal the uninterrupted run's
+  bit for bit;
+* ``STEPS s SYNCS y``: the counters of the resumed optimizer at the end;
+* ``AVGDIFF d MOVED m``: how far the rank-averaged final model is from the uninterrupted
+  one, and how far training moved that one from its start;
+* ``OTHER <error>``: what loading the state into an optimizer with another schedule raised;
+* ``GROUP <error>``: the same with another group size (not for ``"static"``, which has
+  no group size).
 """
-import io
+import os
 import sys
 
 import torch
@@ -58,13 +59,6 @@ def flat(model):
                       if t.dtype.is_floating_point])
 
 
-def through_file(state):
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer)  # weights_only (the default): the state must be plain data
-
-
 def error_of(opt, state):
     try:
         opt.load_state_dict(state)
@@ -73,7 +67,15 @@ def error_of(opt, state):
     return "none"
 
 
-def check(schedule):
+def save(path, schedule):
+    model = model_of(R)
+    opt = optimizer_of(model, schedule)
+    train(model, opt, 0, K)
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path(R))
+    opt.close()
+
+
+def resume(path, schedule):
     def say(text):
         print(f"{schedule} rank {R} {text}", flush=True)
 
@@ -84,19 +86,13 @@ def check(schedule):
     uninterrupted = flat(model)
     opt.close()
 
-    model = model_of(R)
-    opt = optimizer_of(model, schedule)
-    train(model, opt, 0, K)
-    saved_model, saved_opt = through_file(model.state_dict()), through_file(opt.state_dict())
-    opt.close()
-
     model = model_of(100 + R)  # a restarted script builds its model afresh
     opt = optimizer_of(model, schedule)
-    others = hvd.allgather_object(saved_opt)
-    say(f"WRONG {error_of(opt, others[(R + 1) % P])}")
+    say(f"WRONG {error_of(opt, torch.load(path((R + 1) % P))['opt'])}")
     say(f"UNTOUCHED {int(opt.state_dict()['ripples']['steps'] == 0 and not opt.state)}")
-    model.load_state_dict(saved_model)
-    opt.load_state_dict(saved_opt)
+    saved = torch.load(path(R))  # weights_only (the default): the state is plain data
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
     train(model, opt, K, N)
     resumed = flat(model)
     state = opt.state_dict()["ripples"]
@@ -115,10 +111,12 @@ def check(schedule):
         probes.append(("GROUP", schedule, P))
     for label, kind, group_size in probes:
         probe = optimizer_of(model_of(R), kind, group_size)
-        say(f"{label} {error_of(probe, saved_opt)}")
+        say(f"{label} {error_of(probe, saved['opt'])}")
         probe.close()
 
 
-for name in sys.argv[1:]:
-    check(name)
+phase, directory = sys.argv[1], sys.argv[2]
+for name in sys.argv[3:]:
+    {"save": save, "resume": resume}[phase](
+        lambda rank: os.path.join(directory, f"{name}-{rank}.pt"), name)
 hvd.shutdown()
