@@ -1,7 +1,8 @@
 """Exact resume of decentralized training (4 ranks, a saving job then a resuming job, see
-tests/mpi/mpi_resume.py): the static and random schedules resume bit for bit; the generator resumes without deadlock,
-with the right counters and an averaged model close to the uninterrupted run's; a state
-loaded on the wrong rank or under other schedule settings is refused, naming the setting."""
+tests/mpi/mpi_resume.py): the static and random schedules resume bit for bit; the
+generator resumes without deadlock, with the right counters and an averaged model close
+to the uninterrupted run's; a state loaded on the wrong rank or under other schedule
+settings is refused, naming the setting, and nothing of it is loaded."""
 import re
 import sys
 
