@@ -258,6 +258,7 @@ def train_row(context, args, scenario, row, policy, options, data):
         if "task_board" in m:
             board = m["task_board"]
             record["server"]["transfers"] = board.get("transfers")
+            record["server"]["claims"] = board.get("claims")  # claim requests, all workers
             record["server"]["shares_last"] = board.get("shares_log", [[None, None]])[-1][1]
         if "community" in m:
             record["server"]["bytes_in_per_community"] = m["server_load"][0].get(
