@@ -1,8 +1,12 @@
 """Pure logic of CASP (communities, sort-and-cut, controller) and of the EPSP/FlexRR task
 board (shares, claims, transfers, exactly-once accounting), no processes."""
+import itertools
 import random
+import time
+import types
 
 import pytest
+import torch
 
 from ripples.ps import casp, epsp
 from ripples.ps import policies as po
@@ -285,3 +289,77 @@ def test_pull_gates_of_the_new_policies():
     bounded = po.make_spec("casp", 3, staleness=1)
     assert not po.pull_ready(bounded, 1, 0, own_pushes=3, active_pushes=[3, 1])
     assert po.pull_ready(bounded, 1, 0, own_pushes=3, active_pushes=[3, 2])
+
+
+class Link:
+    """Server 0's task board behind a link that holds requests until ``deliver``, in order
+    (the workers' side of ``TaskRunner`` runs unchanged against it)."""
+
+    def __init__(self, b):
+        self.board, self.queue, self.answers = b, [], {}
+
+    def deliver(self):
+        for worker, m in self.queue:
+            if m["steal"]:
+                moved = tk.steal(self.board, worker, m["clock"], 0, m["ahead"])
+                granted = [moved] if moved else []
+            else:
+                granted = tk.claim(self.board, worker, m["clock"], m["count"])
+            self.answers[(worker, m["rid"])] = {
+                "tasks": granted, "left": tk.unclaimed(self.board, worker, m["clock"]),
+                "_arrived": time.monotonic()}
+        self.queue = []
+
+    def worker(self, w):
+        link, ids = self, itertools.count(1)
+
+        class Channel:
+            def send(self, server, message):
+                message["rid"] = next(ids)
+                link.queue.append((w, dict(message)))
+                return message["rid"]
+
+            def poll(self, server, rid):
+                return link.answers.pop((w, rid), None)
+
+            def wait(self, server, rid, timeout_s, what):
+                link.deliver()
+                return link.answers.pop((w, rid))
+
+        params = [torch.nn.Parameter(torch.zeros(1))]
+        ps = types.SimpleNamespace(worker=w, sid=1, clock=0, timeout_s=5.0, params=params,
+                                   spec=types.SimpleNamespace(
+                                       tasks_per_clock=self.board.tasks_per_clock),
+                                   channel=Channel())
+        return epsp.TaskRunner(ps)
+
+
+@pytest.mark.parametrize("deliver_every_tick", [True, False])
+def test_workers_compute_every_task_once_while_the_pioneer_takes_the_stragglers(
+        deliver_every_tick):
+    b = tk.TaskBoard(num_workers=2, tasks_per_clock=12, staleness=0, rebalance_every=None)
+    tk.observe(b, 0, 0.01)
+    tk.observe(b, 1, 1.0)  # worker 1 is 100x slower: it computes once every 4 ticks
+    link = Link(b)
+    runners = [link.worker(0), link.worker(1)]
+    loops = {w: iter(r.tasks()) for w, r in enumerate(runners)}
+    started = {0: [], 1: []}
+    tick = 0
+    while loops:
+        for w in list(loops):
+            if w == 1 and tick % 4:
+                continue
+            try:
+                started[w].append(next(loops[w]))
+            except StopIteration:
+                del loops[w]
+        if deliver_every_tick:
+            link.deliver()
+        tick += 1
+    every = sorted(started[0] + started[1])
+    assert every == [(0, j) for j in range(12)]
+    assert runners[0].stats["stolen"] > 0 and runners[1].stats["stolen"] == 0
+    for w in (0, 1):
+        assert sorted(runners[w].ids[0]) == sorted(j for _, j in started[w])
+    assert not tk.complete(b, 0, 0, runners[0].ids[0])
+    assert tk.complete(b, 1, 0, runners[1].ids[0])
