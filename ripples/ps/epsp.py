@@ -24,7 +24,7 @@ published description is silent, and why:
   about one claim per ``L`` tasks instead of one per task. Claimed tasks are out of reach
   of transfers, but the ones a worker would start within a round trip could not move in
   time anyway (a steal is a round trip too). Before anything is measured, ``L = 1``;
-  ``L`` is at most ``MAX_AHEAD``.
+  ``2 L`` is at most ``MAX_AHEAD``.
 - A pioneer asks for a moved task as it starts its last one, so the answer travels while
   it computes (``tasks.steal``'s ``ahead``); a refusal then costs no waiting.
 
