@@ -14,11 +14,13 @@ class RipplesTimeoutError(RipplesError, TimeoutError):
     """A blocking wait exceeded ``Config.timeout_s`` (``RIPPLES_TIMEOUT_S``).
 
     ``missing``: the world ranks the wait was for, where known (empty otherwise).
+    ``finding``: what asking those ranks found (``ripples.comm.liveness``), or "".
     """
 
     def __init__(self, *args, missing=()):
         super().__init__(*args)
         self.missing = tuple(missing)
+        self.finding = ""
 
 
 class MismatchError(RipplesError):

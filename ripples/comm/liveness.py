@@ -178,7 +178,9 @@ class Liveness:
                      f"{self.timeout_s + grace_s(self.timeout_s):g} s with no busy rank to "
                      "wait for: the members are waiting on each other (a collective some "
                      "member never calls, or calls in another order)")
-        raise RipplesTimeoutError(f"{error}; {found}", missing=error.missing) from error
+        failure = RipplesTimeoutError(f"{error}; {found}", missing=error.missing)
+        failure.finding = found
+        raise failure from error
 
     def probe(self, peers: Sequence[int]) -> Dict[int, Optional[PeerState]]:
         """Ask ``peers`` how they are; None for those that did not answer in time."""

@@ -208,7 +208,7 @@ class BucketReducer:
         request = self.comm.Iallreduce(step_record.encode(True, self.plan, self.epoch), summed,
                                        op=MPI.SUM)
         others = [member for member in self.group if member != self._rt.rank]
-        deadline = Deadline(config.timeout_s, config.stall_warning_s, lambda: (
+        deadline = Deadline(self._rt.liveness.check_after_s(), config.stall_warning_s, lambda: (
             f"{self.what} of {self._describe(0)} (step {self.epoch}) on group {self.group}: "
             f"not every member has started this step (rank {self._rt.rank} is waiting)"),
             lambda: others, self._rt.liveness)
@@ -220,7 +220,8 @@ class BucketReducer:
                 f"{self.what} of {self._describe(0)} (step {self.epoch}) on group "
                 f"{self.group}: rank(s) {missing} have not called it (rank {self._rt.rank} "
                 f"is waiting; gave up after {config.timeout_s:g} s, Config.timeout_s / "
-                "RIPPLES_TIMEOUT_S)", missing=missing) from exc
+                f"RIPPLES_TIMEOUT_S){'; ' + exc.finding if exc.finding else ''}",
+                missing=missing) from exc
         agreement = step_record.decode(summed)
         if not (agreement.same_plan and agreement.same_epoch):
             raise MismatchError(
