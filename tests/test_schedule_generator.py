@@ -4,7 +4,7 @@ import random
 import pytest
 
 from ripples.schedule import GroupGenerator
-from ripples.schedule.generator import divide
+from ripples.schedule.generator import divide, divide_by_node
 from ripples.schedule.mixing import (expected_random_division_eigenvalue,
                                      random_division_eigenvalue)
 from ripples.schedule.simulate import DeadlockError, SimClock, simulate
@@ -138,6 +138,8 @@ def test_left_worker_is_never_assigned_again():
     (dict(batch=0), "batch must be >= 1"),
     (dict(ema_alpha=0), "ema_alpha must be in"),
     (dict(window_fraction=-1), "window_fraction must be a number >= 0"),
+    (dict(ranks_per_node=0), "ranks_per_node must be >= 1"),
+    (dict(cross_node_every=0), "cross_node_every must be >= 1"),
 ])
 def test_generator_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -205,3 +207,39 @@ def test_random_division_mixing_matches_closed_form(group_size):
     assert expected == pytest.approx({2: 0.467, 4: 0.200}[group_size], abs=1e-3)
     assert random_division_eigenvalue(16, group_size, samples=5000, seed=1) == \
         pytest.approx(expected, abs=0.025)
+
+
+def _in_order(members):
+    return list(members)
+
+
+def test_divide_by_node_keeps_groups_on_their_node_outside_cross_divisions():
+    # nodes of 4: {0..3}, {4..7}, {8..11}; node 2 has one ready worker, who must cross
+    groups = divide_by_node([0, 1, 2, 3, 4, 5, 6, 9], 4, 2, _in_order, cross=False)
+    assert groups == [(0, 1), (2, 3), (4, 5, 6), (9,)]
+
+
+def test_divide_by_node_sends_one_representative_per_node_across():
+    groups = divide_by_node(list(range(12)), 4, 2, _in_order, cross=True)
+    # the first of every node crosses: (0, 4) and then 8 joins them (no trailing single)
+    assert groups == [(1, 2, 3), (5, 6, 7), (9, 10, 11), (0, 4, 8)]
+    crossing = [g for g in groups if len({w // 4 for w in g}) > 1]
+    assert crossing == [(0, 4, 8)]  # each node's link carries one group
+
+
+@pytest.mark.parametrize("cross_node_every", [1, 3])
+def test_node_aware_generator_keeps_the_invariants_and_mostly_stays_on_nodes(cross_node_every):
+    rng = random.Random(cross_node_every)
+    steps = {w: 400 for w in range(16)}
+    result = run(16, 2, "all", lambda w, s: rng.expovariate(1.0),
+                 lambda w, done, now: done >= steps[w], seed=1, ranks_per_node=4,
+                 cross_node_every=cross_node_every)
+    assert result.steps == steps
+    assert_consistent(result.executed)
+    groups = {pair for pairs in result.executed.values() for pair in pairs}
+    crossing = sum(len({w // 4 for w in g}) > 1 for _, g in groups)
+    # "all" divides all 16 workers at once. A cross division: each node's 3 non-representatives
+    # form one group, the 4 representatives two crossing pairs (6 groups, 2 crossing); any
+    # other division: two pairs per node (8 groups, none crossing).
+    expected = 2 / (6 + 8 * (cross_node_every - 1))
+    assert crossing / len(groups) == pytest.approx(expected, rel=0.05)

@@ -27,6 +27,14 @@ numbered by one global counter. Which workers are divided is the policy:
   ready, which bounds how far its model drifts, but at most ``company_wait_s``: the others
   may be blocked on something the generator cannot see (a collective of the script, a dead
   rank), and progress must not depend on them.
+
+Topology (``ranks_per_node``, optional): a division first groups the workers of each node
+among themselves (fast links), and only every ``cross_node_every``-th division, plus the
+workers a node leaves alone, are divided across nodes. A topology-blind division of P
+workers on nodes of r puts nearly every group across nodes, so every P-Reduce crosses the
+slowest link; most groups of a node-aware division stay on a node, while the cross-node
+divisions still mix every model with every other (as Prague's static schedule alternates
+intra- and inter-node groups).
 """
 from __future__ import annotations
 
@@ -65,6 +73,32 @@ def divide(order: Sequence[int], group_size: int) -> List[Group]:
     return [tuple(sorted(g)) for g in groups]
 
 
+def divide_by_node(members: Sequence[int], ranks_per_node: int, group_size: int,
+                   shuffle: Callable[[Sequence[int]], List[int]],
+                   cross: bool) -> List[Group]:
+    """Groups within each node (``divide`` of the node's ``shuffle``d members). With
+    ``cross``, the first shuffled member of every node is its representative instead: the
+    representatives are divided across nodes, so each node's link carries one group. Workers
+    left alone on their node are divided across nodes together."""
+    by_node: Dict[int, List[int]] = {}
+    for w in members:
+        by_node.setdefault(w // ranks_per_node, []).append(w)
+    groups: List[Group] = []
+    across: List[int] = []
+    for node in sorted(by_node):
+        order = shuffle(by_node[node])
+        if cross and len(by_node) > 1:
+            across.append(order.pop(0))
+        for group in divide(order, group_size):
+            if len(group) == 1:
+                across.extend(group)
+            else:
+                groups.append(group)
+    if across:
+        groups.extend(divide(shuffle(across), group_size))
+    return groups
+
+
 class GroupGenerator:
     """Group Buffer + Group Division for ``size`` workers (see the module docstring).
 
@@ -82,13 +116,18 @@ class GroupGenerator:
             with p = 0.1): 0.5 reached 72% of the throughput ceiling with groups of 3.6 on
             average, 0.1 reached 90% with groups of 2.9.
         ema_alpha: weight of the newest request interval in the speed EMA, in (0, 1].
+        ranks_per_node: workers per node (ranks ``n*r .. n*r+r-1`` on node ``n``), or None
+            for topology-blind divisions.
+        cross_node_every: with ``ranks_per_node``, every this-many-th division ignores the
+            nodes, >= 1 (1: always, as topology-blind).
         clock: time source in seconds (``time.monotonic``; a simulator passes its own).
     """
 
     def __init__(self, size: int, group_size: int, seed: int = 0, policy: str = "ready",
                  batch: int = 1, max_isolation: int = 2, window_fraction: float = 0.1,
                  max_wait_s: float = 1.0, first_wait_s: float = 0.2, ema_alpha: float = 0.3,
-                 company_wait_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+                 company_wait_s: float = 1.0, ranks_per_node: Optional[int] = None,
+                 cross_node_every: int = 4, clock: Callable[[], float] = time.monotonic):
         check_int("size", size, low=1)
         check_group_size(group_size, size)
         check_int("seed", seed, low=0)
@@ -103,6 +142,9 @@ class GroupGenerator:
             raise ValueError(f"ema_alpha must be in (0, 1], got {ema_alpha!r}")
         if not company_wait_s > 0:
             raise ValueError(f"company_wait_s must be a number > 0, got {company_wait_s!r}")
+        if ranks_per_node is not None:
+            check_int("ranks_per_node", ranks_per_node, low=1)
+        check_int("cross_node_every", cross_node_every, low=1)
         self.size = size
         self.group_size = group_size
         self.policy = policy
@@ -113,6 +155,8 @@ class GroupGenerator:
         self.first_wait_s = first_wait_s
         self.ema_alpha = ema_alpha
         self.company_wait_s = company_wait_s
+        self.ranks_per_node = ranks_per_node
+        self.cross_node_every = cross_node_every
         self._clock = clock
         self._rng = np.random.default_rng(seed)
         self._workers = [_Worker() for _ in range(size)]
@@ -282,8 +326,13 @@ class GroupGenerator:
         return self._unknown_others == 0 and self._earliest_other() > deadline
 
     def _divide(self, members: List[int]) -> None:
-        order = self._rng.permutation(np.asarray(members, dtype=np.int64)).tolist()
-        for group in divide(order, self.group_size):
+        if self.ranks_per_node is None:
+            groups = divide(self._shuffled(members), self.group_size)
+        else:
+            groups = divide_by_node(members, self.ranks_per_node, self.group_size,
+                                    self._shuffled,
+                                    self.divisions % self.cross_node_every == 0)
+        for group in groups:
             assignment = (self._next_seq, group)
             self._next_seq += 1
             lone = len(group) == 1
@@ -294,3 +343,6 @@ class GroupGenerator:
                 if state.waiting_since is not None:
                     self._touched.add(w)
         self.divisions += 1
+
+    def _shuffled(self, members: Sequence[int]) -> List[int]:
+        return self._rng.permutation(np.asarray(members, dtype=np.int64)).tolist()

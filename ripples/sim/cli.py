@@ -92,6 +92,8 @@ all-reduce reaches after --target-steps synchronous steps. Example:
     g.add_argument("--group-size", type=int, default=4, help="group size of random and generator")
     g.add_argument("--policy", choices=POLICIES, default="ready", help="generator division policy")
     g.add_argument("--batch", type=int, default=1, help="groups per generator request")
+    g.add_argument("--cross-node-every", type=int, default=4,
+                   help="generator-node: every N-th division ignores the nodes")
     g.add_argument("--barrier-every", type=int, default=0,
                    help="static/random/adpsgd: global barrier before every N-th step (0 = never)")
     g = p.add_argument_group("statistical model and measurement")
@@ -146,7 +148,8 @@ def scenario_from_args(args) -> tuple:
     workers = [int(w) for w in str(values["workers"]).split(",") if w]
     base = Scenario("allreduce", workers[0], compute, speed, network,
                     values["model_mb"] * 1e6, problem, group_size=min(args.group_size, workers[0]),
-                    policy=args.policy, batch=args.batch, seed=args.seed,
+                    policy=args.policy, batch=args.batch, cross_node_every=args.cross_node_every,
+                    seed=args.seed,
                     horizon_s=args.horizon_s, stop_at_target=not args.full_horizon,
                     target_on=args.target_on, eval_every=args.eval_every,
                     barrier_every=args.barrier_every, overlap=args.overlap)

@@ -87,7 +87,8 @@ class _Run:
         self.step_s = s.compute.seconds
         self.stats = Workers(s.problem, n, seed=s.seed)
         self.gradient_mode = s.mode == "allreduce"
-        self.generator = make_generator(s, self.clock) if s.mode == "generator" else None
+        self.generator = (make_generator(s, self.clock) if s.mode.startswith("generator")
+                          else None)
         self.per_step = None if self.generator else PerStep(s)
         self.barrier = s.barrier_every if s.mode in ("static", "random", "adpsgd") else 0
         self.events: list = []

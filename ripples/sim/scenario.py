@@ -10,7 +10,7 @@ from .network import Network
 from .stats import Problem
 from .workers import Compute, Speed
 
-MODES = ("allreduce", "static", "random", "generator", "adpsgd")
+MODES = ("allreduce", "static", "random", "generator", "generator-node", "adpsgd")
 TARGET_ON = ("worker0", "average")
 
 
@@ -21,9 +21,11 @@ class Scenario:
     mode: ``"allreduce"`` (gradients averaged over all workers every step), ``"static"``
         (Prague's schedule with ``network.workers_per_node`` per node), ``"random"``
         (random partition per step from a shared seed), ``"generator"`` (the Group
-        Generator), ``"adpsgd"`` (AD-PSGD's pairs, run in lock-step as today's schedule).
+        Generator), ``"generator-node"`` (the Group Generator dividing within nodes of
+        ``network.workers_per_node`` first), ``"adpsgd"`` (AD-PSGD's pairs, run in lock-step as today's schedule).
     group_size, policy, batch: of the random partition and the generator (``batch`` =
         groups per generator request).
+    cross_node_every: ``"generator-node"``: every this-many-th division ignores the nodes.
     model_bytes: bytes every collective averages (parameters or gradients).
     horizon_s: simulated seconds; the run ends there, or at the target when
         ``stop_at_target``.
@@ -46,6 +48,7 @@ class Scenario:
     group_size: int = 4
     policy: str = "ready"
     batch: int = 1
+    cross_node_every: int = 4
     seed: int = 0
     horizon_s: float = 60.0
     stop_at_target: bool = False

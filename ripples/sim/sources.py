@@ -59,5 +59,8 @@ class PerStep:
 
 def make_generator(scenario: Scenario, clock: Callable[[], float]) -> GroupGenerator:
     """The real Group Generator for the scenario, on the simulator's clock."""
+    by_node = scenario.mode == "generator-node"
     return GroupGenerator(scenario.workers, scenario.group_size, seed=scenario.seed,
-                          policy=scenario.policy, batch=scenario.batch, clock=clock)
+                          policy=scenario.policy, batch=scenario.batch, clock=clock,
+                          ranks_per_node=scenario.network.workers_per_node if by_node else None,
+                          cross_node_every=scenario.cross_node_every)
