@@ -80,7 +80,7 @@ def test_schedule_objects_agree_with_each_other():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(kind="ring"), "kind must be one of 'static', 'random', 'generator', 'adpsgd'"),
+    (dict(kind="ring"), "kind must be one of 'static', 'random', 'generator', 'generator-node', 'adpsgd'"),
     (dict(policy="fast"), "policy must be one of 'ready', 'all'"),
     (dict(group_size=0), r"group_size must be >= 1 and <= size \(8\), got 0"),
     (dict(group_size=9), r"group_size must be >= 1 and <= size \(8\), got 9"),

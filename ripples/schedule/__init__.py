@@ -5,6 +5,7 @@
 * ``"static"``: the generalized Prague schedule (:func:`static_partition`), no communication;
 * ``"random"``: a random partition per step from a shared seed (:func:`random_partition`);
 * ``"generator"``: groups from the Group Generator service (:class:`GeneratorSchedule`);
+  ``"generator-node"`` divides within nodes first (``GroupGenerator(ranks_per_node=...)``);
 * ``"adpsgd"``: AD-PSGD pairs with the active/passive split (:func:`adpsgd_pairs`).
 
 All of them follow :class:`Schedule`: ``groups_for_step(step)``, ``leave()``, ``close()``.
@@ -27,8 +28,10 @@ def make_schedule(kind: str, rank: int, size: int, local_size: int = 1, group_si
     """Build the schedule ``kind`` for ``rank`` of ``size`` ranks.
 
     Args:
-        kind: one of ``"static"``, ``"random"``, ``"generator"``, ``"adpsgd"``.
-        local_size: ranks per node (``"static"``).
+        kind: one of ``"static"``, ``"random"``, ``"generator"``, ``"generator-node"``,
+            ``"adpsgd"``.
+        local_size: ranks per node (``"static"``, ``"generator-node"``; ranks numbered node
+            by node).
         group_size: ranks per group (``"random"``, ``"generator"``), ``1..size``.
         seed: seed shared by all ranks (``"random"``, ``"generator"``, ``"adpsgd"``).
         comm: mpi4py communicator private to the generator (``"generator"`` only; its rank
@@ -57,8 +60,9 @@ def make_schedule(kind: str, rank: int, size: int, local_size: int = 1, group_si
         raise ValueError(f"comm has rank {comm.Get_rank()} of {comm.Get_size()} but rank={rank}, "
                          f"size={size} were given; pass a duplicate of the world communicator")
     from .service import GeneratorSchedule
+    by_node = {"ranks_per_node": local_size} if kind == "generator-node" else {}
     return GeneratorSchedule(comm, group_size, seed=seed, policy=policy, timeout_s=timeout_s,
-                             batch=batch, free_comm=free_comm)
+                             batch=batch, free_comm=free_comm, **by_node)
 
 
 def __getattr__(name):

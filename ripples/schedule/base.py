@@ -14,7 +14,7 @@ from typing import List, Tuple
 Group = Tuple[int, ...]
 Assignment = Tuple[int, Group]
 
-KINDS = ("static", "random", "generator", "adpsgd")
+KINDS = ("static", "random", "generator", "generator-node", "adpsgd")
 POLICIES = ("ready", "all")
 
 

@@ -177,6 +177,7 @@ class GeneratorSchedule(Schedule):
         self._request_id = 0
         self._closed = False
         self._service: Optional[GeneratorService] = None
+        self._ranks_per_node = generator_options.get("ranks_per_node")
         generator = GroupGenerator(size, group_size, seed=seed, policy=policy, batch=batch,
                                    **generator_options)  # validates on every rank alike
         if rank == SERVICE_RANK:
@@ -184,7 +185,8 @@ class GeneratorSchedule(Schedule):
             self._service.start()
 
     def settings(self) -> dict:
-        return {**super().settings(), "group_size": self.group_size}
+        return {**super().settings(), "group_size": self.group_size,
+                "ranks_per_node": self._ranks_per_node}
 
     def groups_for_step(self, step: int) -> List[Assignment]:
         self._check_step(step)

@@ -21,7 +21,7 @@ from ripples.torch.ownership import record
 
 log = logging.getLogger("ripples")
 
-SCHEDULES = ("static", "random", "generator")
+SCHEDULES = ("static", "random", "generator", "generator-node")
 
 
 def averaged_tensors(named, model) -> List[torch.Tensor]:
@@ -61,7 +61,7 @@ def make_mode_schedule(rt, kind, group_size: int, division: str) -> Schedule:
     # optimizer, so the Dup is collective): a script that builds a second optimizer (a new
     # phase, a GAN's two models) runs a second service, which must not answer the first's
     # requests. The schedule frees it at close().
-    generator = kind == "generator"
+    generator = kind.startswith("generator")
     return make_schedule(kind, rank=rt.rank, size=rt.size, local_size=rt.local_size,
                          group_size=min(group_size, rt.size), seed=rt.config.seed,
                          comm=rt.service_comm.Dup() if generator else None,

@@ -91,7 +91,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         ``Sync`` member). ``"adpsgd"`` is asynchronous AD-PSGD (see ``AdpsgdOptimizer``:
         an active rank averages with a random passive one that answers while it
         computes); ``"adpsgd-sync"`` runs the same pairs in lock-step, as P-Reduces.
-    schedule: for ``"ripples"``: ``"static"``, ``"random"``, ``"generator"`` (default) or a
+    schedule: for ``"ripples"``: ``"static"``, ``"random"``, ``"generator"`` (default),
+        ``"generator-node"`` (the generator grouping ranks of one node first; ranks numbered
+        node by node, as ``mpiexec`` places them by default) or a
         ``ripples.schedule.Schedule`` object.
     group_size: ranks per group for the random and generator schedules (default 4).
     sync_every: P-Reduce (with AD-PSGD: exchange) every this many local steps (default 1).

@@ -35,13 +35,14 @@ def test_all_ranks_agree_on_communication_free_schedules(kind):
             assert covered == list(range(SIZE))  # disjoint and covering: a partition
 
 
+@pytest.mark.parametrize("kind", ["generator", "generator-node"])
 @pytest.mark.parametrize("policy", ["ready", "all"])
-def test_generator_service_hands_out_consistent_groups(policy):
+def test_generator_service_hands_out_consistent_groups(policy, kind):
     comm = WORLD.Dup()
     steps = 20 + 5 * RANK  # ranks stop at different times: exercises leave()
     rng = random.Random(RANK)
-    sched = make_schedule("generator", rank=RANK, size=SIZE, group_size=2, seed=3, comm=comm,
-                          timeout_s=20.0, policy=policy, batch=2)
+    sched = make_schedule(kind, rank=RANK, size=SIZE, local_size=2, group_size=2, seed=3,
+                          comm=comm, timeout_s=20.0, policy=policy, batch=2)
     executed = []
     for step in range(steps):
         time.sleep(rng.uniform(0, 0.004))
