@@ -189,7 +189,9 @@ def participate_with_identity(comm, wires: Sequence[str]) -> None:
     numel = sum(int(f[4]) for f in fields)
     dtype = getattr(torch, dtype_name)
     operation = _OP_NAMES[name]
-    if name == "SUM":
+    if dtype is torch.bool:  # bool travels as uint8 under MAX (or) or MIN (and)
+        fill = name == "MIN"
+    elif name == "SUM":
         fill = 0
     elif name == "PROD":
         fill = 1
