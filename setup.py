@@ -12,7 +12,9 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["ripples", "ripples.*"]),
     # ripples/kernels/csrc is a symlink to csrc/ in the checkout; wheels get real copies.
-    package_data={"ripples.kernels": ["csrc/*.cu", "csrc/*.cuh", "csrc/*.cpp"]},
+    package_data={"ripples.kernels": ["csrc/*.cu", "csrc/*.cuh", "csrc/*.cpp"],
+                  # the learned CASP controller's weights (ripples/ps/learned_controller.py)
+                  "ripples.ps": ["*.pt"]},
     include_package_data=True,
     install_requires=["torch>=2.1", "numpy", "mpi4py>=4", "tqdm", "matplotlib", "scikit-learn"],
     extras_require={

@@ -34,6 +34,9 @@ Choices where the published description is silent, and why:
   worker has adopted the plan; plans are adopted one after the other, never skipped, which
   keeps members of a new community from waiting in different plans). A plan identical to
   the current one is not re-issued.
+- *Learned* (``count == "learned"``): the count comes from the actor-critic of
+  ``learned_controller.py`` and the communities from sort-and-cut; like ``"auto"``, the
+  first plan is one community.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 EMA_ALPHA = 0.3
 DEFAULT_TRAFFIC_PENALTY = 0.1
+LEARNED = "learned"
 
 Communities = Tuple[Tuple[int, ...], ...]
 
@@ -59,7 +63,8 @@ def normalize(communities: Sequence[Sequence[int]]) -> Communities:
 
 def contiguous(num_workers: int, count: int) -> Communities:
     """``count`` runs of consecutive worker ids of near-equal size (the plan before any
-    speed is measured)."""
+    speed is measured); ``"learned"`` starts from one run."""
+    count = 1 if count == LEARNED else count
     bounds = [num_workers * k // count for k in range(count + 1)]
     return normalize(range(a, b) for a, b in zip(bounds, bounds[1:]))
 
@@ -129,7 +134,8 @@ def choose(times: Sequence[float], traffic_penalty: float = DEFAULT_TRAFFIC_PENA
 class Controller:
     """Where the community controller stands (kept by server 0).
 
-    ``count``: a fixed number of communities, or None to choose it (``"auto"``);
+    ``count``: a fixed number of communities, None to choose it (``"auto"``) or
+    ``"learned"`` to let the learned policy choose it (kept in ``learned``);
     ``plan``/``version``: the communities workers must use, numbered from 0;
     ``rounds``: pushes per community under the current plan; ``times``: the EMA of each
     worker's compute time per step, as its community's leader reported it.
@@ -144,6 +150,7 @@ class Controller:
     rounds: Dict[Tuple[int, ...], int] = dataclasses.field(default_factory=dict)
     times: Dict[int, float] = dataclasses.field(default_factory=dict)
     history: List[Tuple[int, Communities]] = dataclasses.field(default_factory=list)
+    learned: object = None
 
     def __post_init__(self):
         if not self.plan:
@@ -168,7 +175,12 @@ def regroup(state: Controller) -> bool:
     if len(state.times) < state.num_workers:
         return False
     times = [state.times[w] for w in range(state.num_workers)]
-    plan = sort_and_cut(times, state.count) if state.count else choose(times, state.traffic_penalty)
+    if state.count == LEARNED:
+        plan = _learned_plan(state, times)
+    elif state.count:
+        plan = sort_and_cut(times, state.count)
+    else:
+        plan = choose(times, state.traffic_penalty)
     state.rounds = {}
     if plan == state.plan:
         return False
@@ -176,6 +188,13 @@ def regroup(state: Controller) -> bool:
     state.plan = plan
     state.history.append((state.version, plan))
     return True
+
+
+def _learned_plan(state: Controller, times: List[float]) -> Communities:
+    from . import learned_controller  # torch is loaded only by runs that ask for it
+    if state.learned is None:
+        state.learned = learned_controller.LearnedPolicy(traffic_penalty=state.traffic_penalty)
+    return state.learned.choose(times, state.plan)
 
 
 def labels(communities: Communities, num_workers: int) -> List[int]:

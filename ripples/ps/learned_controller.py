@@ -1,0 +1,163 @@
+"""The learned CASP community controller (``communities="learned"``): an actor-critic that
+chooses the number of communities ``C``; sort-and-cut then forms them.
+
+- *State*: the workers' speeds (fastest time / own time, sorted fastest first, zero-padded
+  to ``MAX_WORKERS``), the number of workers, the current ``C``, the current plan's mean
+  staleness (``casp_timing.mean_staleness``) and the loss slope, each scaled into [0, 1]
+  or [-1, 1].
+- *Action*: ``C`` in ``1..n`` (the actor's logits for larger counts are masked).
+- *Reward*: ``casp_timing.reward`` of the sort-and-cut plan, i.e. progress per second minus
+  the traffic penalty, the same objective as ``casp.choose()``, with times in multiples of
+  the fastest worker's time so that rewards of different clusters are on one scale.
+- *Model*: a two-layer MLP trunk with a policy head and a value head (``ActorCritic``),
+  trained by ``benchmarks/train_casp_controller.py`` (A3C: asynchronous actor threads
+  updating one shared model) against ``casp_timing``; the weights ship as
+  ``casp_controller.pt`` next to this file (about 30 KB).
+
+Choices where the published description is silent, and why:
+
+- *Inference is greedy* (the most likely ``C``): every server 0 of a run must not draw a
+  different plan from the same measurements by chance, and tests must be deterministic.
+- *Discount 0* (the advantage is reward minus value): in the timing model the chosen ``C``
+  does not change the next speeds, so future rewards do not depend on it and a discount
+  above 0 would only add variance.
+- *Online learning is on by default* with a small learning rate (``ONLINE_LR``): at each
+  regroup, the previous choice is rewarded with the timing model's reward on the speeds
+  measured under it, and one actor-critic step is taken on the server's own copy of the
+  model (the shipped file is never written). It adapts the policy to speeds the training
+  mixes did not cover; pass ``online=False`` for a fixed policy.
+- *The loss slope* is part of the state as in the paper, but the servers do not see the
+  loss, so a real run feeds 0; training draws it at random so that the policy does not
+  depend on it.
+- *More than* ``MAX_WORKERS`` *workers*: the model has no input for them, so the choice
+  falls back to ``casp.choose()``.
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from . import casp, casp_timing
+
+MAX_WORKERS = 16
+FEATURES = MAX_WORKERS + 4
+HIDDEN = 64
+ENTROPY_BETA = 0.01
+ONLINE_LR = 1e-4
+WEIGHTS = pathlib.Path(__file__).with_name("casp_controller.pt")
+
+
+class ActorCritic(nn.Module):
+    """State features -> (logits over ``C = 1..MAX_WORKERS``, value)."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.Tanh(),
+                                   nn.Linear(HIDDEN, HIDDEN), nn.Tanh())
+        self.policy = nn.Linear(HIDDEN, MAX_WORKERS)
+        self.value = nn.Linear(HIDDEN, 1)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(x)
+        return self.policy(h), self.value(h).squeeze(-1)
+
+
+def relative(times: Sequence[float]) -> list:
+    """Times in multiples of the fastest worker's time (the unit of the timing model)."""
+    fastest = min(times)
+    return [t / fastest for t in times]
+
+
+def features(times: Sequence[float], count: int, staleness: float,
+             loss_slope: float = 0.0) -> torch.Tensor:
+    """The state vector of ``len(times) <= MAX_WORKERS`` workers under ``count`` communities
+    with mean ``staleness``; ``loss_slope`` is clipped to [-1, 1]."""
+    n = len(times)
+    speeds = sorted((min(times) / t for t in times), reverse=True)
+    x = speeds + [0.0] * (MAX_WORKERS - n)
+    x += [n / MAX_WORKERS, count / n, min(staleness / n, 1.0), max(-1.0, min(1.0, loss_slope))]
+    return torch.tensor(x, dtype=torch.float32)
+
+
+def masked_logits(logits: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """Logits with the counts above each state's number of workers set to -inf."""
+    counts = torch.arange(1, MAX_WORKERS + 1)
+    return logits.masked_fill(counts > sizes.unsqueeze(-1), float("-inf"))
+
+
+def sizes_of(x: torch.Tensor) -> torch.Tensor:
+    """Number of workers encoded in feature rows ``x``."""
+    return torch.round(x[..., MAX_WORKERS] * MAX_WORKERS).long()
+
+
+def greedy_count(model: ActorCritic, x: torch.Tensor) -> int:
+    """The most likely ``C`` for one state vector."""
+    with torch.no_grad():
+        logits, _ = model(x)
+    return int(masked_logits(logits, sizes_of(x)).argmax()) + 1
+
+
+def actor_critic_loss(model: ActorCritic, x: torch.Tensor, counts: torch.Tensor,
+                      rewards: torch.Tensor, entropy_beta: float = ENTROPY_BETA,
+                      normalize: bool = False) -> torch.Tensor:
+    """Advantage actor-critic loss of a batch: states ``x``, actions ``counts`` (1-based),
+    returns ``rewards`` (discount 0: the return is the reward). With ``normalize``, the
+    actor's advantages are scaled to zero mean and unit spread over the batch."""
+    logits, values = model(x)
+    log_probs = torch.log_softmax(masked_logits(logits, sizes_of(x)), dim=-1)
+    chosen = log_probs.gather(-1, (counts - 1).unsqueeze(-1)).squeeze(-1)
+    advantage = rewards - values
+    weight = advantage.detach()
+    if normalize:
+        weight = (weight - weight.mean()) / (weight.std() + 1e-8)
+    probs = log_probs.exp()
+    entropy = -(probs * log_probs.nan_to_num(neginf=0.0)).sum(-1)
+    return (-(chosen * weight).mean() + 0.5 * advantage.pow(2).mean()
+            - entropy_beta * entropy.mean())
+
+
+def load(path: pathlib.Path = WEIGHTS) -> ActorCritic:
+    """The model with the weights in ``path`` (default: the shipped ones), in eval mode."""
+    model = ActorCritic()
+    model.load_state_dict(torch.load(path, weights_only=True))
+    return model.eval()
+
+
+class LearnedPolicy:
+    """The controller's learned policy: ``choose`` a plan from measured times; with
+    ``online``, each call first learns from the reward of its previous choice under the
+    newly measured times."""
+
+    def __init__(self, model: Optional[ActorCritic] = None, online: bool = True,
+                 traffic_penalty: float = casp.DEFAULT_TRAFFIC_PENALTY, lr: float = ONLINE_LR):
+        self.model = model if model is not None else load()
+        self.online = online
+        self.traffic_penalty = traffic_penalty
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr) if online else None
+        self.last: Optional[Tuple[torch.Tensor, int]] = None
+
+    def choose(self, times: Sequence[float], plan: casp.Communities,
+               loss_slope: float = 0.0) -> casp.Communities:
+        """Sort-and-cut of ``times`` into the ``C`` the model picks, given the current
+        ``plan``."""
+        if len(times) > MAX_WORKERS:
+            return casp.choose(times, self.traffic_penalty)
+        times = relative(times)
+        if self.online and self.last is not None:
+            self._learn(times)
+        x = features(times, len(plan), casp_timing.mean_staleness(times, plan), loss_slope)
+        count = greedy_count(self.model, x)
+        self.last = (x, count)
+        return casp.sort_and_cut(times, count)
+
+    def _learn(self, times: Sequence[float]) -> None:
+        x, count = self.last
+        reward = casp_timing.count_reward(times, count, self.traffic_penalty)
+        loss = actor_critic_loss(self.model, x.unsqueeze(0), torch.tensor([count]),
+                                 torch.tensor([reward / len(times)]))
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
