@@ -1,5 +1,6 @@
 """Random collective calls at 2, 3 and 4 ranks (tests/mpi/fuzz_collectives.py): right
-results or the expected error on every rank, no hang, the runtime usable after each case.
+results or the expected error on every rank, no hang, the runtime usable after each case;
+among them join() at random points and process sets.
 
 RIPPLES_FUZZ_CASES=10000 runs the long form (minutes; a missing member costs two timeouts).
 """
@@ -26,4 +27,5 @@ def test_random_calls_end_right_or_in_the_expected_error_and_never_hang(nprocs, 
     assert summary["cases"] == CASES and sum(summary["kinds"].values()) == CASES
     # every kind of case was drawn, and each error class showed up
     assert {"MismatchError", "ValueError", "TypeError"} <= set(summary["errors"]), summary
+    assert {"join", "join then alltoall", "process set"} <= set(summary["kinds"]), summary
     print(json.dumps(summary))

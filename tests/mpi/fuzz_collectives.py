@@ -11,7 +11,18 @@ small. Every rank draws the same cases from the seed; a case is one of
 - bad arguments passed by every rank, which must raise ``TypeError``/``ValueError`` at
   the call, before anything is sent;
 - a member that never calls (rare: it costs a timeout), which must raise
-  ``RipplesTimeoutError`` on the members that called.
+  ``RipplesTimeoutError`` on the members that called;
+- ``join()`` at random points: some ranks join after a few more collectives while the others
+  go on with all-reduces, all-gathers and broadcasts (joined ranks contribute the op's
+  identity, no rows, or receive), then join too; every rank must get the right result over
+  the ranks still active and the same last rank to join. Or some ranks join at once and the
+  others call an all-to-all, which must raise ``MismatchError`` on them;
+- process sets: a random set added on every rank, a collective of its members with
+  ``process_set=`` (non-members calling it must get ``ValueError`` at the call), adding the
+  same ranks twice (``ValueError``), removing it; or, from 3 ranks, one rank calling a
+  collective on a set while the others call it on the world under the same name, which
+  must raise ``MismatchError`` on every rank (``RipplesTimeoutError`` where the set lacks
+  rank 0: see ``run_set_mismatch``).
 
 After each case an all-reduce checks that the runtime is still usable. A wrong result, a
 missing or unexpected error, or a case that runs past its bound fails the rank (and so the
@@ -215,6 +226,160 @@ def run_missing(case: Case):
     return outcome
 
 
+JOIN_KINDS = ("allreduce", "allgather", "broadcast")
+
+
+def join_step(rng: random.Random, active) -> dict:
+    """One collective that the ranks in ``active`` issue while the others have joined."""
+    dtype = rng.choice(FLOATS + INTS + (torch.bool,))
+    ops = [hvd.Sum, hvd.Min, hvd.Max] + ([hvd.Average] if dtype.is_floating_point else [])
+    rows = rng.choice([0, 1, 3])
+    return {"kind": rng.choice(JOIN_KINDS), "dtype": dtype, "op": rng.choice(ops),
+            "shape": rng.choice([(), (rows,), (rows, 2)]), "named": rng.random() < 0.5,
+            "root": rng.choice(sorted(active)), "rows": [rng.randint(0, 2) for _ in range(N)]}
+
+
+def run_join(case: Case, rng: random.Random):
+    """Rank r issues ``calls[r]`` collectives, then joins. The joined ranks take part in
+    the rest with neutral contributions: a reduction covers the active ranks only (an
+    Average divides by their number), an all-gather has their rows only, a broadcast comes
+    from an active root. ``join()`` returns a rank that issued the most, the same on every
+    rank; an unnamed all-gather afterwards pairs up although the ranks issued different
+    numbers of unnamed collectives before."""
+    longest = rng.randint(1, 4)
+    calls = [rng.randint(0, longest - 1) if rng.random() < 0.5 else longest for _ in range(N)]
+    calls[rng.randrange(N)] = longest
+    steps = [join_step(rng, [r for r in range(N) if calls[r] > s]) for s in range(longest)]
+    for s in range(calls[R]):
+        step, i = steps[s], case.index * 10 + s
+        active = [r for r in range(N) if calls[r] > s]
+        kind, dtype, shape = step["kind"], step["dtype"], step["shape"]
+        name = f"fuzz.join.{case.index}.{s}" if step["named"] else None
+        if kind == "allreduce":
+            out = hvd.allreduce(data(i, R, shape, dtype), op=step["op"], name=name)
+            expected = reduced([data(i, r, shape, dtype) for r in active], step["op"], dtype)
+        elif kind == "allgather":
+            row_shape = shape[1:] if shape else ()
+            parts = {r: data(i, r, (step["rows"][r], *row_shape), dtype) for r in active}
+            out = hvd.allgather(parts[R], name=name)
+            expected = torch.cat([parts[r] for r in active]).double()
+        else:
+            out = hvd.broadcast(data(i, R, shape, dtype), root_rank=step["root"], name=name)
+            expected = data(i, step["root"], shape, dtype).double()
+        assert close(out, expected, dtype), (case.index, calls, s, step, out, expected)
+    last = hvd.join()
+    assert calls[last] == longest, (case.index, calls, last)
+    everyone = hvd.allgather(torch.tensor([last]))
+    assert everyone.tolist() == [last] * N, (case.index, calls, everyone)
+    return "joined"
+
+
+def run_join_disallowed(case: Case, rng: random.Random):
+    """Some ranks join at once; the others call an all-to-all, which a joined rank cannot
+    take part in: ``MismatchError`` on the active ranks, then they join too."""
+    joined = set(rng.sample(range(N), rng.randint(1, N - 1)))
+    outcome = "joined"
+    if R not in joined:
+        try:
+            hvd.alltoall(data(case.index, R, (N,), case.dtype),
+                         name=f"fuzz.join.a2a.{case.index}" if case.named else None)
+        except MismatchError as exc:
+            assert "join" in str(exc), str(exc)
+            outcome = "MismatchError"
+        else:
+            raise AssertionError(f"no MismatchError for an alltoall after join "
+                                 f"(case {case.index}, joined {sorted(joined)})")
+    last = hvd.join()
+    assert last not in joined, (case.index, sorted(joined), last)
+    return outcome
+
+
+def run_process_set(case: Case, rng: random.Random):
+    """A set of random members, added on every rank: its members run ``case``'s collective
+    (all-reduce, all-gather or broadcast) with ``process_set=``; a non-member that calls it
+    gets ``ValueError`` at the call. Adding the same ranks again, or the world's ranks, is a
+    ``ValueError``; the set is removed once (True), then no more (False)."""
+    members = tuple(sorted(rng.sample(range(N), rng.randint(1, N))))
+    kind = rng.choice(JOIN_KINDS)
+    root = rng.choice(members)
+    outsider_calls = rng.random() < 0.5
+    outcome = "ok"
+    if len(members) == N:
+        try:
+            hvd.add_process_set(list(members))
+        except ValueError:
+            outcome = "ValueError"
+        else:
+            raise AssertionError(f"add_process_set of every rank did not raise (case "
+                                 f"{case.index})")
+        process_set = hvd.global_process_set
+    else:
+        process_set = hvd.add_process_set(list(members))
+        assert process_set.process_set_id not in (None, 0) and process_set.ranks == list(
+            members), process_set
+        try:
+            hvd.add_process_set(list(members))
+        except ValueError:
+            outcome = "ValueError"
+        else:
+            raise AssertionError(f"adding set {members} twice did not raise (case "
+                                 f"{case.index})")
+    i, dtype, shape = case.index, case.dtype, case.shape
+    name = f"fuzz.set.{i}" if case.named else None
+    if R in members:
+        if kind == "allreduce":
+            out = hvd.allreduce(data(i, R, shape, dtype), op=case.op, name=name,
+                                process_set=process_set)
+            expected = reduced([data(i, r, shape, dtype) for r in members], case.op, dtype)
+        elif kind == "allgather":
+            row_shape = shape[1:] if shape else ()
+            parts = {r: data(i, r, (case.rows[r], *row_shape), dtype) for r in members}
+            out = hvd.allgather(parts[R], name=name, process_set=process_set)
+            expected = torch.cat([parts[r] for r in members]).double()
+        else:
+            out = hvd.broadcast(data(i, R, shape, dtype), root_rank=root, name=name,
+                                process_set=process_set)
+            expected = data(i, root, shape, dtype).double()
+        assert close(out, expected, dtype), (case.index, members, kind, out, expected)
+    elif outsider_calls:
+        try:
+            hvd.allreduce(data(i, R, shape, dtype), name=name, process_set=process_set)
+        except ValueError:
+            outcome = "ValueError"
+        else:
+            raise AssertionError(f"rank {R} called on set {members} without an error")
+    if not process_set.is_global():
+        assert hvd.remove_process_set(process_set) is True
+        assert hvd.remove_process_set(process_set) is False
+        assert all(s.ranks != list(members) for s in hvd.process_sets()[1:])
+    return outcome
+
+
+def run_set_mismatch(case: Case, rng: random.Random):
+    """A rank other than 0 calls an all-reduce on a set of 2 to N-1 ranks holding it, the
+    others call it on the world, under one name. When the set holds rank 0 (the world's
+    leader), the leader sees both groups: ``MismatchError`` on every rank. Otherwise the
+    set's members wait for each other in two groups that never meet: every rank must
+    raise ``RipplesTimeoutError``, then wait as after a missing member."""
+    odd = 1 + case.odd_rank % (N - 1)
+    others = [r for r in range(N) if r != odd]
+    members = sorted([odd] + rng.sample(others, rng.randint(1, N - 2)))
+    expected = MismatchError if 0 in members else RipplesTimeoutError
+    rejoin = time.monotonic() + 2 * TIMEOUT + 2
+    process_set = hvd.add_process_set(members)
+    try:
+        hvd.allreduce(data(case.index, R, (2,), torch.float32), name=f"fuzz.sets.{case.index}",
+                      process_set=process_set if R == odd else hvd.global_process_set)
+    except expected as exc:
+        if expected is RipplesTimeoutError:
+            time.sleep(max(0.0, rejoin - time.monotonic()))
+        return type(exc).__name__
+    finally:
+        hvd.remove_process_set(process_set)
+    raise AssertionError(f"no {expected.__name__} with rank {odd} on set {members} "
+                         f"(case {case.index})")
+
+
 def main(cases: int, seed: int, first: int = 0) -> None:
     rng = random.Random(seed)
     counts = collections.Counter()
@@ -224,17 +389,29 @@ def main(cases: int, seed: int, first: int = 0) -> None:
         case = Case(index, rng)
         draw = rng.random()
         start = time.monotonic()
-        if draw < 0.55:
+        if draw < 0.45:
             kind = "valid " + case.kind
             run_valid(case)
-        elif draw < 0.70:
+        elif draw < 0.57:
             kind = "async allreduce"
             run_async(case)
-        elif N > 1 and draw < 0.85:
+        elif draw < 0.67:
+            kind = "join"
+            errors[run_join(case, rng)] += 1
+        elif draw < 0.74:
+            kind = "process set"
+            errors[run_process_set(case, rng)] += 1
+        elif N > 1 and draw < 0.76:
+            kind = "join then alltoall"
+            errors[run_join_disallowed(case, rng)] += 1
+        elif N > 2 and draw < 0.77:
+            kind = "process set mismatch"
+            errors[run_set_mismatch(case, rng)] += 1
+        elif N > 1 and draw < 0.89:
             what = rng.choice(["shape", "dtype", "op", "kind", "name"])
             kind = "mismatch " + what
             errors[run_mismatch(case, what)] += 1
-        elif N > 1 and draw < 0.86:
+        elif N > 1 and draw < 0.895:  # rarer than the rest: each costs two timeouts
             kind = "missing member"
             errors[run_missing(case)] += 1
         else:
@@ -251,7 +428,8 @@ def main(cases: int, seed: int, first: int = 0) -> None:
         elapsed = time.monotonic() - start
         slowest = max(slowest, elapsed)
         assert elapsed < 3 * TIMEOUT + 5, f"case {index} took {elapsed:.1f} s"
-    errors.pop("skipped", None)
+    for outcome in ("skipped", "joined", "ok"):
+        errors.pop(outcome, None)
     if R == 0:
         print("FUZZ " + json.dumps({"ranks": N, "cases": cases, "seed": seed, "hangs": 0,
                                     "kinds": dict(sorted(counts.items())),
