@@ -65,10 +65,26 @@ def test_features_by_hand():
     assert x.tolist()[lc.MAX_WORKERS:] == pytest.approx([2 / 16, 0.5, 0.0, -1.0])
 
 
+def test_candidate_features_by_hand():
+    # Times 1, 1, 2 and the default costs: push + pull 0.1, a push busies the server 0.02.
+    rows = lc.candidates([1.0, 1.0, 2.0])
+    # C = 1: one 2.1 s round; the fast ones do not compute for 1.1 s of it, the slow one
+    # for 0.1 s (the push and pull); 3 batches and 1 push per round.
+    assert rows[0].tolist() == pytest.approx([1 / 3, (1.1 + 1.1 + 0.1) / 2.1 / 3, 1 / 2.1, 0.0,
+                                              1 / 3],
+                                             rel=1e-6)
+    # C = 2: {0, 1} in 1.1 s rounds, {2} in 2.1 s rounds; only the push and pull idle them.
+    rates = 1 / 1.1 + 1 / 2.1
+    stale = (2 * 1.1 * (1 / 2.1) + 2.1 * (1 / 1.1)) / 3
+    assert rows[1].tolist() == pytest.approx(
+        [2 / 3, (0.1 / 1.1 * 2 + 0.1 / 2.1) / 3, (2 / 1.1 + 1 / 2.1) / 3, stale / 3, rates / (2 / 1.1 + 1 / 2.1)], rel=1e-6)
+    assert rows[3:].abs().sum() == 0
+
+
 def test_shipped_weights_load_and_are_small():
     assert lc.WEIGHTS.stat().st_size < 64 * 1024
     model = lc.load()
-    logits, value = model(lc.features(TWO_CLASSES, 1, 0.0))
+    logits, value = model(lc.features(TWO_CLASSES, 1, 0.0), lc.candidates(TWO_CLASSES))
     assert logits.shape == (lc.MAX_WORKERS,) and torch.isfinite(value)
 
 

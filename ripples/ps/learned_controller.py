@@ -7,12 +7,19 @@ chooses the number of communities ``C``; sort-and-cut then forms them.
   or [-1, 1].
 - *Action*: ``C`` in ``1..n`` (the actor's logits for larger counts are masked).
 - *Reward*: ``casp_timing.reward`` of the sort-and-cut plan, i.e. progress per second minus
-  the traffic penalty, the same objective as ``casp.choose()``, with times in multiples of
-  the fastest worker's time so that rewards of different clusters are on one scale.
-- *Model*: a two-layer MLP trunk with a policy head and a value head (``ActorCritic``),
-  trained by ``benchmarks/train_casp_controller.py`` (A3C: asynchronous actor threads
-  updating one shared model) against ``casp_timing``; the weights ship as
-  ``casp_controller.pt`` next to this file (about 30 KB).
+  the traffic penalty, the same objective as ``casp.choose()`` (which sees compute times
+  only, where this model adds push, pull and server costs), with times in multiples of
+  the fastest worker's time.
+- *Model* (``ActorCritic``): the critic is a two-layer MLP on the state vector; the actor
+  scores each candidate ``C`` with one small MLP shared by all candidates, from the state's
+  scalars and what the sort-and-cut plan of that ``C`` would look like (``candidates``:
+  ``C / n``, the fraction of a round its members idle, its throughput, its staleness and
+  its pushes per batch). A first version read ``C`` off the speed vector with a plain
+  policy head; it collapsed onto one ``C`` for every cluster, since ``C = 2`` is never far
+  from the best and the head learns that before it learns the speeds. Trained by
+  ``benchmarks/train_casp_controller.py`` (A3C: asynchronous actor threads updating one
+  shared model) against ``casp_timing``; the weights ship as ``casp_controller.pt`` next
+  to this file (about 30 KB).
 
 Choices where the published description is silent, and why:
 
@@ -44,6 +51,7 @@ from . import casp, casp_timing
 
 MAX_WORKERS = 16
 FEATURES = MAX_WORKERS + 4
+CANDIDATE_FEATURES = 5 + 4
 HIDDEN = 64
 ENTROPY_BETA = 0.01
 ONLINE_LR = 1e-4
@@ -51,18 +59,19 @@ WEIGHTS = pathlib.Path(__file__).with_name("casp_controller.pt")
 
 
 class ActorCritic(nn.Module):
-    """State features -> (logits over ``C = 1..MAX_WORKERS``, value)."""
+    """(state ``x``, candidates ``cand``) -> (logits over ``C = 1..MAX_WORKERS``, value)."""
 
     def __init__(self):
         super().__init__()
-        self.trunk = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.Tanh(),
-                                   nn.Linear(HIDDEN, HIDDEN), nn.Tanh())
-        self.policy = nn.Linear(HIDDEN, MAX_WORKERS)
-        self.value = nn.Linear(HIDDEN, 1)
+        self.critic = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.Tanh(),
+                                    nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+        self.actor = nn.Sequential(nn.Linear(CANDIDATE_FEATURES, HIDDEN), nn.Tanh(),
+                                   nn.Linear(HIDDEN, 1))
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        h = self.trunk(x)
-        return self.policy(h), self.value(h).squeeze(-1)
+    def forward(self, x: torch.Tensor, cand: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        tail = x[..., MAX_WORKERS:].unsqueeze(-2).expand(*cand.shape[:-1], 4)
+        logits = self.actor(torch.cat([cand, tail], -1)).squeeze(-1)
+        return logits, self.critic(x).squeeze(-1)
 
 
 def relative(times: Sequence[float]) -> list:
@@ -82,6 +91,24 @@ def features(times: Sequence[float], count: int, staleness: float,
     return torch.tensor(x, dtype=torch.float32)
 
 
+def candidates(times: Sequence[float]) -> torch.Tensor:
+    """For each ``C = 1..MAX_WORKERS`` (zeros above ``len(times)``), in the timing model:
+    ``C / n``, the mean fraction of a round a worker does not compute (it waits for its
+    slowest or for the servers), batches per
+    second per worker, mean staleness / n, and pushes per batch of sort-and-cut into ``C``."""
+    n = len(times)
+    rows = torch.zeros(MAX_WORKERS, 5)
+    for count in range(1, n + 1):
+        plan = casp.sort_and_cut(times, count)
+        rounds = casp_timing.round_times(times, plan)
+        wait = sum((r - times[w]) / r for c, r in zip(plan, rounds) for w in c) / n
+        batches = sum(len(c) / r for c, r in zip(plan, rounds))
+        pushes = sum(1 / r for r in rounds)
+        stale = sum(len(c) * s for c, s in zip(plan, casp_timing.staleness(rounds))) / n
+        rows[count - 1] = torch.tensor([count / n, wait, batches / n, stale / n, pushes / batches])
+    return rows
+
+
 def masked_logits(logits: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
     """Logits with the counts above each state's number of workers set to -inf."""
     counts = torch.arange(1, MAX_WORKERS + 1)
@@ -93,20 +120,21 @@ def sizes_of(x: torch.Tensor) -> torch.Tensor:
     return torch.round(x[..., MAX_WORKERS] * MAX_WORKERS).long()
 
 
-def greedy_count(model: ActorCritic, x: torch.Tensor) -> int:
-    """The most likely ``C`` for one state vector."""
+def greedy_count(model: ActorCritic, x: torch.Tensor, cand: torch.Tensor) -> int:
+    """The most likely ``C`` for one state."""
     with torch.no_grad():
-        logits, _ = model(x)
+        logits, _ = model(x, cand)
     return int(masked_logits(logits, sizes_of(x)).argmax()) + 1
 
 
-def actor_critic_loss(model: ActorCritic, x: torch.Tensor, counts: torch.Tensor,
+def actor_critic_loss(model: ActorCritic, x: torch.Tensor, cand: torch.Tensor,
+                      counts: torch.Tensor,
                       rewards: torch.Tensor, entropy_beta: float = ENTROPY_BETA,
                       normalize: bool = False) -> torch.Tensor:
-    """Advantage actor-critic loss of a batch: states ``x``, actions ``counts`` (1-based),
+    """Advantage actor-critic loss of a batch: states ``x`` with ``cand``, actions ``counts`` (1-based),
     returns ``rewards`` (discount 0: the return is the reward). With ``normalize``, the
     actor's advantages are scaled to zero mean and unit spread over the batch."""
-    logits, values = model(x)
+    logits, values = model(x, cand)
     log_probs = torch.log_softmax(masked_logits(logits, sizes_of(x)), dim=-1)
     chosen = log_probs.gather(-1, (counts - 1).unsqueeze(-1)).squeeze(-1)
     advantage = rewards - values
@@ -137,7 +165,7 @@ class LearnedPolicy:
         self.online = online
         self.traffic_penalty = traffic_penalty
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr) if online else None
-        self.last: Optional[Tuple[torch.Tensor, int]] = None
+        self.last: Optional[Tuple[torch.Tensor, torch.Tensor, int]] = None
 
     def choose(self, times: Sequence[float], plan: casp.Communities,
                loss_slope: float = 0.0) -> casp.Communities:
@@ -149,14 +177,16 @@ class LearnedPolicy:
         if self.online and self.last is not None:
             self._learn(times)
         x = features(times, len(plan), casp_timing.mean_staleness(times, plan), loss_slope)
-        count = greedy_count(self.model, x)
-        self.last = (x, count)
+        cand = candidates(times)
+        count = greedy_count(self.model, x, cand)
+        self.last = (x, cand, count)
         return casp.sort_and_cut(times, count)
 
     def _learn(self, times: Sequence[float]) -> None:
-        x, count = self.last
+        x, cand, count = self.last
         reward = casp_timing.count_reward(times, count, self.traffic_penalty)
-        loss = actor_critic_loss(self.model, x.unsqueeze(0), torch.tensor([count]),
+        loss = actor_critic_loss(self.model, x.unsqueeze(0), cand.unsqueeze(0),
+                                 torch.tensor([count]),
                                  torch.tensor([reward / len(times)]))
         self.optimizer.zero_grad()
         loss.backward()
