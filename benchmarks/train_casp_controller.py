@@ -6,8 +6,8 @@ timing model (``ripples.ps.casp_timing``), and applies its gradients to the shar
 under a light lock (the lock only covers the optimizer step, not the rollouts). Speeds
 drift a little between decisions; the current ``C`` in the state is the previous action.
 The actor's advantages are normalized over each rollout, and the reward is taken as a gain
-over one community (``scaled_reward``). The threads interleave as the scheduler lets them,
-so two trainings differ; ``--evaluate`` of given weights is deterministic.
+over one community (``learned_controller.gain``). The threads interleave as the scheduler
+lets them, so two trainings differ; ``--evaluate`` of given weights is deterministic.
 
 Training mixes: 2..16 workers, either a few speed classes (slowdowns drawn in [1.2, 6]),
 a few slow workers among normal ones, uniform slowdowns in [1, 4], or log-uniform ones
@@ -95,13 +95,6 @@ def summary(rows: dict) -> dict:
             "lognormal_mixes": len(lognormal)}
 
 
-def scaled_reward(times: list, count: int) -> float:
-    """The reward of ``count`` as a gain over one community (BSP). Dividing by a quantity
-    of the state alone keeps the best ``C`` of each state and puts the states on one
-    scale, which a uniform reward spread over clusters of 2..16 workers is not."""
-    return casp_timing.count_reward(times, count) / casp_timing.count_reward(times, 1) - 1
-
-
 def actor(shared, optimizer, lock, seed, deadline, args, counter):
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -125,7 +118,7 @@ def actor(shared, optimizer, lock, seed, deadline, args, counter):
             xs.append(x)
             cands.append(cand)
             actions.append(count)
-            rewards.append(scaled_reward(rel, count))
+            rewards.append(lc.gain(rel, count))
         loss = lc.actor_critic_loss(local, torch.stack(xs), torch.stack(cands),
                                     torch.tensor(actions),
                                     torch.tensor(rewards), args.entropy, normalize=True)

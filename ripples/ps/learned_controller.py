@@ -109,6 +109,15 @@ def candidates(times: Sequence[float]) -> torch.Tensor:
     return rows
 
 
+def gain(times: Sequence[float], count: int,
+         traffic_penalty: float = casp.DEFAULT_TRAFFIC_PENALTY) -> float:
+    """The reward of ``count`` as a gain over one community (BSP), the scale the model is
+    trained on. Dividing by a quantity of the state alone keeps the best ``C`` of each
+    state and puts clusters of 2..16 workers on one scale."""
+    return (casp_timing.count_reward(times, count, traffic_penalty)
+            / casp_timing.count_reward(times, 1, traffic_penalty) - 1)
+
+
 def masked_logits(logits: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
     """Logits with the counts above each state's number of workers set to -inf."""
     counts = torch.arange(1, MAX_WORKERS + 1)
@@ -184,10 +193,9 @@ class LearnedPolicy:
 
     def _learn(self, times: Sequence[float]) -> None:
         x, cand, count = self.last
-        reward = casp_timing.count_reward(times, count, self.traffic_penalty)
+        reward = gain(times, count, self.traffic_penalty)
         loss = actor_critic_loss(self.model, x.unsqueeze(0), cand.unsqueeze(0),
-                                 torch.tensor([count]),
-                                 torch.tensor([reward / len(times)]))
+                                 torch.tensor([count]), torch.tensor([reward]))
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
