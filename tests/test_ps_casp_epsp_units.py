@@ -260,12 +260,13 @@ def test_rebalancing_every_k_clocks_from_measured_times():
 
 def test_policy_arguments_are_named_when_wrong():
     assert po.make_spec("casp", 4).communities == "auto"
+    assert po.make_spec("casp", 4, communities="learned").communities == "learned"
     assert po.make_spec("epsp", 4).staleness == 0
     assert po.make_spec("epsp", 4).tasks_per_clock == 16
     cases = [
         (dict(policy="casp", communities=0), "communities"),
         (dict(policy="casp", communities=5), "communities"),
-        (dict(policy="casp", communities="learned"), "communities"),
+        (dict(policy="casp", communities="learnt"), "communities"),
         (dict(policy="casp", regroup_every=0), "regroup_every"),
         (dict(policy="epsp", staleness=-1), "staleness"),
         (dict(policy="epsp", staleness=1.5), "staleness"),

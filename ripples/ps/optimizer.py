@@ -73,7 +73,9 @@ class PSOptimizer(OptimizerWrapper):
             iteration boundary (the place for schemes that re-form communities, rebalance
             work or move chunks from measured ``metrics()``).
         communities, regroup_every: ``policy="casp"``: ``"auto"`` (sort-and-cut chooses the
-            number of communities) or a fixed count; rounds between regroupings. Needs
+            number of communities), ``"learned"`` (the actor-critic of
+            ``ripples.ps.learned_controller`` chooses it) or a fixed count; rounds between
+            regroupings. Needs
             ripples initialized in PS mode (``ripples.torch.init`` with ``ps_servers``);
             every worker must make the same number of steps. See ``ripples.ps.casp``.
         tasks_per_clock, rebalance_every: ``policy="epsp"``/``"flexrr"``: micro-batch

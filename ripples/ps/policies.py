@@ -112,8 +112,10 @@ def make_spec(policy, num_workers: int, staleness=None, backup_workers: int = 1,
                              f"{name}={value!r} with policy={policy!r}")
     if policy == "casp":
         communities = "auto" if communities is None else communities
-        if communities != "auto" and not (_count(communities) and 1 <= communities <= num_workers):
-            raise ValueError(f"communities must be 'auto' or an integer in [1, {num_workers}] "
+        if communities not in ("auto", "learned") and not (
+                _count(communities) and 1 <= communities <= num_workers):
+            raise ValueError(f"communities must be 'auto', 'learned' or an integer in "
+                             f"[1, {num_workers}] "
                              f"for {num_workers} workers, got communities={communities!r}")
         regroup_every = 20 if regroup_every is None else regroup_every
         if not (_count(regroup_every) and regroup_every >= 1):

@@ -22,7 +22,7 @@ def bad(expect, **kwargs):
 hvd.init()
 worker = hvd.rank()
 bad("communities", policy="casp", communities=0)
-bad("communities", policy="casp", communities="learned")
+bad("communities", policy="casp", communities="learnt")
 bad("regroup_every", policy="casp", regroup_every=-1)
 bad("staleness", policy="epsp", staleness=-1)
 bad("tasks_per_clock", policy="epsp", tasks_per_clock=2)
