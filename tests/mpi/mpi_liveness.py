@@ -10,7 +10,7 @@ import ripples.torch as hvd
 from ripples.errors import RipplesError
 from ripples.runtime import current
 
-BUSY_TIMEOUTS = 4  # how many timeouts the busy rank keeps the others waiting
+BUSY_TIMEOUTS = 3  # how many timeouts the busy rank keeps the others waiting
 
 
 def _timeout() -> float:
