@@ -244,6 +244,8 @@ class Engine:
         """Fail requests that other members have not matched within the timeout."""
         now = time.monotonic()
         timeout = self._rt.config.timeout_s
+        # One liveness question per set of missing members (a dead one takes seconds to tell).
+        found: Dict[tuple, Optional[RipplesTimeoutError]] = {}
         for request in batch:
             request.missing = decision.missing.get(request.name, request.missing)
             if now - request.submitted <= timeout:
@@ -253,11 +255,20 @@ class Engine:
                 f"{missing_description(request.missing)} within {timeout:g} s "
                 f"(rank {self._rt.rank} is waiting; Config.timeout_s / RIPPLES_TIMEOUT_S)",
                 missing=request.missing or ())
-            try:  # members busy outside ripples may still call it
-                self._rt.liveness.keep_waiting(error.missing, error)
+            if error.missing not in found:
+                try:  # members busy outside ripples may still call it
+                    self._rt.liveness.keep_waiting(error.missing, error)
+                    found[error.missing] = None
+                except RipplesTimeoutError as final:
+                    found[error.missing] = final
+            failure = found[error.missing]
+            if failure is None:
                 request.submitted = time.monotonic()
-            except RipplesTimeoutError as final:
-                self._fail_unmatched([request], final)
+            elif failure.finding:  # this request's own message, with what the check found
+                self._fail_unmatched([request], RipplesTimeoutError(
+                    f"{error}; {failure.finding}", missing=error.missing))
+            else:
+                self._fail_unmatched([request], error)
 
     def _execute(self, comm, group, active: int, requests: List[Request]) -> None:
         if len(requests) == 1 and requests[0].pair is not None:  # nothing to fuse with
