@@ -2,7 +2,9 @@
 results or the expected error on every rank, no hang, the runtime usable after each case;
 among them join() at random points and process sets.
 
-RIPPLES_FUZZ_CASES=10000 runs the long form (minutes; a missing member costs two timeouts).
+The default suite runs 150 cases per world size; ``RIPPLES_LONG_TESTS=1`` runs 400 (about
+90 s in all), and ``RIPPLES_FUZZ_CASES=N`` runs N (10000 for the long form: minutes; a
+missing member costs two timeouts).
 """
 import json
 import os
@@ -14,7 +16,8 @@ import pytest
 from mpi_launch import TESTS_DIR, run_mpi
 
 SCRIPT = str(TESTS_DIR / "mpi" / "fuzz_collectives.py")
-CASES = int(os.environ.get("RIPPLES_FUZZ_CASES", "400"))
+LONG = os.environ.get("RIPPLES_LONG_TESTS") == "1"
+CASES = int(os.environ.get("RIPPLES_FUZZ_CASES", "400" if LONG else "150"))
 
 
 @pytest.mark.parametrize("nprocs,seed", [(2, 1), (3, 11), (4, 4)])
