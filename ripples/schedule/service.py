@@ -13,11 +13,26 @@ gets exactly one answer, and the service thread stops once every rank has closed
 its last answer has been delivered, so no message is left unmatched.
 
 All waits poll (matched probe or request test, then a nap) against a deadline, so a
-missing peer yields :class:`RipplesTimeoutError` instead of a hang. Naps start at
-``poll_interval_s`` and double while nothing happens, up to ``MAX_NAP_S``; the service
-also wakes for the generator's next deadline. A blocking MPI receive would spin in Open
-MPI's progress loop, and naps of 100 us kept a tenth of rank 0's core busy while idle: the
-doubling costs an answer at most ``MAX_NAP_S`` of latency and an idle service almost no CPU.
+missing peer yields :class:`RipplesTimeoutError` instead of a hang. The service thread
+probes for a request (``improbe``), runs the generator's ``poll()`` only after a request or
+a leave and at the generator's ``next_deadline()``, and otherwise sleeps: naps start at
+``poll_interval_s`` after activity and double up to ``MAX_NAP_S`` (500 us), or up to
+``MAX_IDLE_NAP_S`` (10 ms) once nothing has happened for ``IDLE_AFTER_S`` (1 s); no nap
+runs past the next deadline, and ``stop()`` takes effect at the end of the current nap.
+
+Why the thread does not block in an MPI receive: Open MPI 5 has none that sleeps. A
+blocking receive (``comm.recv``, ``Mprobe``, ``Wait`` on an ``Irecv``) runs the progress
+loop until a message comes. Measured by ``benchmarks/generator_service_cpu.py`` (4 ranks on
+2 busy cores, each asking every 100 ms; ``benchmarks/results/generator_service_cpu.json``):
+a service thread blocked in ``comm.recv`` used 98% of a core while idle, and 35% of a core
+it shared with a compute thread, which lost half its speed. With ``mpi_yield_when_idle=1``
+(Open MPI's default only in oversubscribed jobs; process-wide) it gave way to that compute
+(1% of the core) but still burned 68-84% of a free core and answered in 5.7 ms (median)
+beside compute; the ``nanosleep`` yield strategy cost 6-10% and slows every MPI wait of
+the process. This loop used 1.0% of a core while idle (the former 100-500 us naps: 4-7%)
+and 4-7% at 40 requests/s (as those naps: nearly all of it is waking up every 500 us
+between requests), answering in about 1.2 ms (median, client polling included) on that
+loaded machine.
 """
 from __future__ import annotations
 
@@ -31,6 +46,8 @@ from .base import Assignment, Schedule, check_group_size
 from .generator import GroupGenerator
 
 MAX_NAP_S = 5e-4
+IDLE_AFTER_S = 1.0
+MAX_IDLE_NAP_S = 1e-2
 TAG_REQUEST = 0x5251
 TAG_REPLY = 0x5252
 SERVICE_RANK = 0
@@ -74,7 +91,8 @@ class GeneratorService:
         return self._thread.is_alive()
 
     def stop(self) -> None:
-        """Ask the thread to exit at its next poll, even if some ranks never closed."""
+        """Make the thread exit after its current nap (at most ``MAX_IDLE_NAP_S``), even if
+        some ranks never closed."""
         self._stop.set()
 
     def join(self, timeout_s: float) -> None:
@@ -93,21 +111,26 @@ class GeneratorService:
         MPI = _mpi()
         size = self.comm.Get_size()
         nap = self.poll_interval_s
+        deadline = None  # the generator's next_deadline(), known since its last event
         try:
             while len(self.closed) < size and not self._stop.is_set():
-                busy = self._receive(MPI)
-                for worker, pairs in self.generator.poll().items():
-                    self._send(worker, ("ok", pairs, self._request_ids.pop(worker)))
-                    busy = True
-                self._sends = [req for req in self._sends if not req.Test()]
-                if busy:
-                    self.last_activity = time.monotonic()
-                    nap = self.poll_interval_s
-                    continue
-                deadline = self.generator.next_deadline()
+                if self._sends:
+                    self._sends = [req for req in self._sends if not req.Test()]
+                received = self._receive(MPI)
+                now = time.monotonic()
+                if received or (deadline is not None and now >= deadline):
+                    answers = self.generator.poll()  # only after an event or at a deadline
+                    for worker, pairs in answers.items():
+                        self._send(worker, ("ok", pairs, self._request_ids.pop(worker)))
+                    deadline = self.generator.next_deadline()
+                    if received or answers:
+                        self.last_activity = now
+                        nap = self.poll_interval_s
+                        continue
                 time.sleep(nap if deadline is None else
                            max(0.0, min(nap, deadline - time.monotonic())))
-                nap = min(MAX_NAP_S, nap * 2)
+                idle = now - self.last_activity >= IDLE_AFTER_S
+                nap = min(MAX_IDLE_NAP_S if idle else MAX_NAP_S, nap * 2)
             while self._sends and not self._stop.is_set():
                 self._sends = [req for req in self._sends if not req.Test()]
                 time.sleep(self.poll_interval_s)

@@ -87,3 +87,64 @@ def test_request_without_company_times_out_then_closes_cleanly():
     sched.close()
     assert not any(t.name == "ripples-group-generator" for t in threading.enumerate())
     comm.Free()
+
+
+def test_service_answers_after_idle_and_at_a_deadline_with_no_other_message():
+    """After a silent 1.5 s (the service at its longest nap), a lone request is answered
+    when the generator's company window (``first_wait_s``) ends: a deadline, with no other
+    message arriving to wake the service."""
+    from ripples.schedule.service import GeneratorSchedule
+
+    comm = WORLD.Dup()
+    sched = GeneratorSchedule(comm, group_size=2, policy="ready", timeout_s=20.0,
+                              first_wait_s=0.3)
+    WORLD.Barrier()
+    time.sleep(1.5)  # longer than IDLE_AFTER_S: the service naps at its idle length
+    asker = SIZE - 1
+    if RANK == asker:
+        start = time.monotonic()
+        assert sched.groups_for_step(0) == [(0, (asker,))]  # nobody came: a group of itself
+        assert time.monotonic() - start >= 0.25  # released by the window, not at once
+    WORLD.Barrier()  # the others stayed silent until the answer
+    assert sched.leave() == []
+    sched.close()
+    assert not any(t.name == "ripples-group-generator" for t in threading.enumerate())
+    comm.Free()
+
+
+def test_stop_ends_an_idle_service_promptly():
+    from ripples.schedule import GroupGenerator
+    from ripples.schedule.service import GeneratorService
+
+    comm = WORLD.Dup()
+    if RANK == 0:
+        service = GeneratorService(comm, GroupGenerator(SIZE, 2))
+        service.start()
+        time.sleep(0.5)  # idle: no rank sends anything
+        began = time.monotonic()
+        service.stop()
+        service._thread.join(5.0)
+        assert not service.is_alive() and service.error is None
+        assert time.monotonic() - began < 1.0
+    WORLD.Barrier()
+    comm.Free()
+
+
+def test_an_exception_in_the_service_ends_it_and_is_kept_in_error():
+    from ripples.schedule import GroupGenerator
+    from ripples.schedule.service import TAG_REQUEST, GeneratorService
+
+    class Broken(GroupGenerator):
+        def poll(self):
+            raise RuntimeError("generator broke")
+
+    comm = WORLD.Dup()
+    if RANK == 0:
+        service = GeneratorService(comm, Broken(SIZE, 2))
+        service.start()
+        comm.send(("groups", 0, 1), dest=0, tag=TAG_REQUEST)  # received by the service
+        service._thread.join(5.0)
+        assert not service.is_alive()
+        assert isinstance(service.error, RuntimeError)
+    WORLD.Barrier()
+    comm.Free()
