@@ -35,6 +35,10 @@ class Config:
         they are, and goes on (with stall warnings) while they are alive and busy outside
         ripples, or waiting on a busy peer; it fails only on a dead peer or on peers waiting
         on each other (``ripples.comm.liveness``). False: fail at ``timeout_s`` regardless.
+    fault_tolerant: survive dead ranks (decentralized and elastic modes): a process
+        failure revokes ripples' communicators, the survivors shrink the world and go on
+        (``ripples.comm.failures``, ``ripples.torch.elastic``). Needs Open MPI's ULFM
+        (``mpiexec --with-ft ulfm``; ``ripplesrun --fault-tolerant`` sets both).
     cache_capacity: group communicators kept per rank (least recently used is freed).
     fusion_threshold_bytes: consecutive agreed all-reduces are fused into buffers up to
         this size.
@@ -66,6 +70,7 @@ class Config:
     timeout_s: float = 60.0
     stall_warning_s: float = 10.0
     wait_for_busy_peers: bool = True
+    fault_tolerant: bool = False
     cache_capacity: int = 64
     fusion_threshold_bytes: int = 64 * 1024 * 1024
     bucket_bytes: int = 25 * 1024 * 1024

@@ -23,5 +23,22 @@ class RipplesTimeoutError(RipplesError, TimeoutError):
         self.finding = ""
 
 
+class RanksFailedError(RipplesError):
+    """Ranks died, and the survivors have already moved onto a smaller world
+    (``Config.fault_tolerant``): the operation that raised it did not complete, and
+    ``size()``/``rank()`` now report the new world. Horovod's ``HorovodInternalError``.
+
+    ``failed``: ranks of the previous world that died. ``size``, ``rank``: this rank's new
+    world. ``generation``: how many recoveries this job has made.
+    """
+
+    def __init__(self, *args, failed=(), size=0, rank=0, generation=0):
+        super().__init__(*args)
+        self.failed = tuple(failed)
+        self.size = size
+        self.rank = rank
+        self.generation = generation
+
+
 class MismatchError(RipplesError):
     """Members of one collective called it with different shapes, dtypes, ops or groups."""

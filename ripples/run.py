@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ripples.comm import failures
 from ripples.heterogeneity import parse_random_slowdown, parse_slowdown
 
 __all__ = ["main", "parse_args", "build_command", "find_mpiexec", "parse_hosts",
@@ -99,6 +100,10 @@ def _make_parser() -> argparse.ArgumentParser:
                        help="Open MPI hostfile ('host slots=N' per line)")
     parser.add_argument("--verbose", action="store_true",
                         help="ranks log MPI library and rank facts at init (RIPPLES_VERBOSE)")
+    parser.add_argument("--fault-tolerant", action="store_true",
+                        help="survive dead ranks: run under Open MPI's ULFM with a threaded "
+                             "failure detector, and recover in ripples "
+                             "(RIPPLES_FAULT_TOLERANT)")
     parser.add_argument("--slowdown", metavar="RANK:FACTOR[,RANK:FACTOR]",
                         help="make ranks FACTOR times slower (RIPPLES_SLOWDOWN)")
     parser.add_argument("--random-slowdown", metavar="P:FACTOR",
@@ -186,6 +191,7 @@ def _ripples_settings(args: argparse.Namespace) -> Dict[str, str]:
         "RIPPLES_PS_SPARE": None if args.ps_spare is None else str(args.ps_spare),
         "RIPPLES_SEED": None if args.seed is None else str(args.seed),
         "RIPPLES_VERBOSE": "1" if args.verbose else None,
+        "RIPPLES_FAULT_TOLERANT": "1" if args.fault_tolerant else None,
     }
     return {name: value for name, value in values.items() if value is not None}
 
@@ -216,6 +222,8 @@ def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpie
     if args.np > slots:
         # Binding more ranks than cores to cores would stack them; let the OS schedule.
         argv += ["--oversubscribe", "--bind-to", "none"]
+    if args.fault_tolerant:
+        argv += list(failures.MPIEXEC_ARGS)
     for name, value in _ripples_settings(args).items():
         argv += ["-x", f"{name}={value}"]
     argv += list(args.command)

@@ -9,15 +9,17 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import threading
 import weakref
 from typing import Callable, List, Optional, Tuple
 
 from mpi4py import MPI
 
+from ripples.comm import failures
 from ripples.comm.groups import CommunicatorCache, Group
 from ripples.comm.liveness import Liveness
 from ripples.config import Config
-from ripples.errors import NotInitializedError
+from ripples.errors import NotInitializedError, RanksFailedError
 from ripples.timeline import NullTimeline, Timeline, make_timeline
 
 log = logging.getLogger("ripples")
@@ -36,13 +38,42 @@ class Runtime:
         """
         self.config = config
         self.ps = ps
+        # Counts the worlds this runtime has had: 0 at init, +1 per recovery from dead ranks.
+        # Whatever was planned for a world (buckets, schedules) checks it to plan afresh.
+        self.generation = 0
+        self._closers: List[Callable[[], None]] = []
+        # Called by join() before the ranks meet: decentralized and PS optimizers finish
+        # the work already assigned to this rank.
+        self.join_hooks: List[Callable[[], None]] = []
+        # Planned all-reduces (ops.bucket_reducer) a joined rank keeps taking part in.
+        self.reducers = weakref.WeakSet()
+        # Called by recover() on a rank that learns of a death, before the survivors meet:
+        # each stops, without talking, what it runs on communicators of its own (revoking
+        # them, so that every rank waiting there learns of the death too).
+        self.abandon_hooks: List[Callable[[], None]] = []
+        # Called by recover() on every survivor, in this order, once the smaller world is
+        # up: what was built for the old world (a schedule) is built again (collectives).
+        self.rebuild_hooks: List[Callable[[], None]] = []
+        # Set by the composition root: attaches the engine and caches to a fresh world.
+        self.attach: Callable[["Runtime"], None] = lambda runtime: None
+        self._recovery_lock = threading.Lock()
+        self.last_failure: Optional[RanksFailedError] = None
+        self._connect(comm)
+        self.timeline = make_timeline(config.timeline, self.rank)
+        if config.verbose:
+            log.warning("ripples rank %d/%d (local %d/%d, node %d/%d), MPI: %s", self.rank,
+                        self.size, self.local_rank, self.local_size, self.cross_rank,
+                        self.cross_size, mpi_library())
+
+    def _connect(self, comm: MPI.Comm) -> None:
+        """Make ``comm`` this runtime's world: private duplicates and the rank facts."""
         # Private duplicates: user traffic on the caller's communicator never matches ours.
         self.world = comm.Dup()
         self.ctl = comm.Dup()
         self.service_comm = comm.Dup()
         # Answers peers asking whether this rank is alive, whatever the main thread does.
-        self.liveness = Liveness(comm.Dup(), config.timeout_s, config.stall_warning_s,
-                                 config.wait_for_busy_peers)
+        self.liveness = Liveness(comm.Dup(), self.config.timeout_s,
+                                 self.config.stall_warning_s, self.config.wait_for_busy_peers)
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
         self.local = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -59,17 +90,6 @@ class Runtime:
         self.nccl = None
         self.buffers = None
         self.engine = None
-        self.timeline = make_timeline(config.timeline, self.rank)
-        self._closers: List[Callable[[], None]] = []
-        # Called by join() before the ranks meet: decentralized and PS optimizers finish
-        # the work already assigned to this rank.
-        self.join_hooks: List[Callable[[], None]] = []
-        # Planned all-reduces (ops.bucket_reducer) a joined rank keeps taking part in.
-        self.reducers = weakref.WeakSet()
-        if config.verbose:
-            log.warning("ripples rank %d/%d (local %d/%d, node %d/%d), MPI: %s", self.rank,
-                        self.size, self.local_rank, self.local_size, self.cross_rank,
-                        self.cross_size, mpi_library())
 
     def at_shutdown(self, closer: Callable[[], None]) -> None:
         """Run ``closer`` at ``shutdown()``, before communicators are released (last in, first run)."""
@@ -109,6 +129,68 @@ class Runtime:
         self._timeline_generation += 1
         timeline.close(self.ctl, self.config.timeout_s, self.config.timeline_per_rank,
                        self._timeline_generation)
+
+    # ------------------------------------------------------------------ dead ranks
+
+    def raised(self, error: BaseException, generation: Optional[int] = None) -> BaseException:
+        """What to raise for ``error``: in fault-tolerant mode a process failure (a dead
+        peer, or a communicator revoked after one) becomes ``RanksFailedError`` once the
+        survivors have moved onto a smaller world (``recover``); anything else is itself.
+
+        ``generation``: the world the failed operation started in; a failure of an earlier
+        world was recovered from already, and gets that recovery's error again.
+        """
+        if isinstance(error, RanksFailedError):  # recovered from already
+            return error
+        if not (self.config.fault_tolerant and _caused_by_process_failure(error)):
+            return error
+        if generation is not None and generation < self.generation:
+            return self.last_failure
+        return self.recover(error)
+
+    def recover(self, error: BaseException) -> RanksFailedError:
+        """Survive dead ranks: revoke every communicator of this world (so that the other
+        survivors stop waiting in them too), shrink it to the survivors, and rebuild the
+        world, control, service and liveness communicators, the group cache and the engine
+        on the smaller world. Collective over the survivors; returns the error to raise.
+
+        Pending collectives fail with the returned error. Whatever was planned for the old
+        world (gradient buckets, schedules) sees ``generation`` change and plans again.
+        """
+        with self._recovery_lock:
+            revoke_list = [self.world, self.ctl, self.service_comm, self.local, self.cross,
+                           self.liveness.comm]
+            if self.cache is not None:
+                revoke_list += self.cache.comms()
+            revoke_list += [reducer.comm for reducer in list(self.reducers)]
+            failures.revoke(revoke_list)
+            for abandon in list(self.abandon_hooks):
+                abandon()
+            old_rank, old_size = self.rank, self.size
+            if self.engine is not None:
+                self.engine.abandon(error)
+            for reducer in list(self.reducers):
+                reducer.abandon(error)
+            self.reducers = weakref.WeakSet()
+            self.liveness.abandon()
+            if self.nccl is not None:
+                self.nccl.close()
+            survivors, failed = failures.shrink(self.world)
+            self._connect(survivors)
+            survivors.Free()
+            self.attach(self)
+            self.generation += 1
+            for rebuild in list(self.rebuild_hooks):
+                rebuild()
+            failure = RanksFailedError(
+                f"rank(s) {failed} of the {old_size}-rank world died ({error}); the "
+                f"{self.size} survivors go on: this rank was {old_rank}, now {self.rank}",
+                failed=failed, size=self.size, rank=self.rank, generation=self.generation)
+            self.last_failure = failure
+            log.warning("%s", failure)
+        for callback in list(_reset_callbacks):
+            callback()
+        return failure
 
     def close(self) -> None:
         """Stop the engine, run the ``at_shutdown`` closers, write the timeline, release
@@ -161,3 +243,26 @@ def shutdown() -> None:
 def mpi_library() -> str:
     """First line of the MPI library's version string (which MPI is in use)."""
     return MPI.Get_library_version().rstrip("\0").splitlines()[0].strip()
+
+
+# Called after every recovery from dead ranks, in registration order (``on_reset``).
+_reset_callbacks: List[Callable[[], None]] = []
+
+
+def on_reset(callback: Callable[[], None]) -> None:
+    """Call ``callback()`` after each recovery from dead ranks (fault-tolerant mode), once
+    the survivors are on the smaller world: ``size()`` and ``rank()`` are the new ones."""
+    if not callable(callback):
+        raise TypeError(f"on_reset(callback=...) takes a callable, got {callback!r}")
+    _reset_callbacks.append(callback)
+
+
+def _caused_by_process_failure(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, is an MPI process failure."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if failures.is_process_failure(error):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False

@@ -12,6 +12,7 @@ from typing import Optional
 from mpi4py import MPI
 
 from ripples import runtime as _runtime
+from ripples.comm import failures
 from ripples.comm.groups import CommunicatorCache
 from ripples.config import Config
 from ripples.ops.collectives import allgather_as_joined, broadcast_as_joined
@@ -36,6 +37,8 @@ def init(comm: Optional[MPI.Comm] = None, config: Optional[Config] = None,
     if comm is not None and not isinstance(comm, MPI.Comm):
         raise TypeError(f"init(comm=...) takes an mpi4py communicator, got {type(comm).__name__}")
     config = config or Config.load(**settings)
+    if config.fault_tolerant:
+        check_fault_tolerance(config)
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     base = MPI.COMM_WORLD if comm is None else comm
@@ -45,8 +48,22 @@ def init(comm: Optional[MPI.Comm] = None, config: Optional[Config] = None,
         ps_context = ps.start(base, config)  # server ranks serve and exit inside
         base = ps_context.worker_comm
     runtime = _runtime.Runtime(base, config, ps=ps_context)
+    runtime.attach = attach_engine
     attach_engine(runtime)
     return _runtime.install(runtime)
+
+
+def check_fault_tolerance(config: Config) -> None:
+    """Raise ValueError unless ``Config.fault_tolerant`` can work: Open MPI's ULFM must be on,
+    and PS mode has no recovery."""
+    if config.ps_servers:
+        raise ValueError("Config.fault_tolerant (RIPPLES_FAULT_TOLERANT) covers decentralized "
+                         "and all-reduce training; parameter-server mode (ps_servers="
+                         f"{config.ps_servers}) has no recovery from dead ranks: unset one")
+    if not failures.ulfm_active():
+        raise ValueError("Config.fault_tolerant (RIPPLES_FAULT_TOLERANT=1) needs Open MPI's "
+                         "fault tolerance: launch with `ripplesrun --fault-tolerant ...`, or "
+                         f"`mpiexec {' '.join(failures.MPIEXEC_ARGS)} ...`")
 
 
 def attach_engine(runtime: _runtime.Runtime) -> None:

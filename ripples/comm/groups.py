@@ -82,6 +82,10 @@ class CommunicatorCache:
     def groups(self):
         return list(self._entries)
 
+    def comms(self):
+        """The cached communicators (to revoke them when a member died)."""
+        return list(self._entries.values())
+
     def close(self) -> None:
         for group, comm in self._entries.items():
             self._on_free(group)

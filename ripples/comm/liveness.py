@@ -237,6 +237,17 @@ class Liveness:
             except MPI.Exception:  # a peer died mid-message: the others still get answers
                 self._closing.wait(_RESPONDER_NAP_S)
 
+    @property
+    def comm(self) -> MPI.Comm:
+        """The private communicator the checks travel on."""
+        return self._comm
+
+    def abandon(self) -> None:
+        """Stop the responder without freeing the communicator (revoked after a death)."""
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join()
+
     def close(self) -> None:
         """Stop the responder and free the communicator."""
         self._closing.set()

@@ -75,6 +75,7 @@ class BucketReducer:
             raise ValueError(f"wire_dtype must be None, torch.float16 or torch.bfloat16, got "
                              f"{wire_dtype}")
         self._rt = runtime
+        self.generation = runtime.generation
         self.group = tuple(group)
         self.buffers = list(buffers)
         self.names = [list(n) for n in names]
@@ -138,7 +139,7 @@ class BucketReducer:
     def wait(self) -> None:
         """Launch what is left, wait for every bucket of this step, and end the step."""
         if self.broken is not None:
-            raise self.broken
+            raise self._rt.raised(self.broken, self.generation) from self.broken
         while self._launched < len(self.buffers):
             self.launch(self._launched)
         config = self._rt.config
@@ -167,7 +168,7 @@ class BucketReducer:
                 "RIPPLES_TIMEOUT_S)")
         if error is not None:
             self.broken = error
-            raise error
+            raise self._rt.raised(error, self.generation) from error
         self._launched = self._finished = 0
         self.epoch += 1
 
@@ -324,6 +325,14 @@ class BucketReducer:
         self._join_request = None
 
     # ------------------------------------------------------------------ shutdown
+
+    def abandon(self, error: BaseException) -> None:
+        """Fail the step with ``error`` and stop the thread, without talking to the other
+        members or freeing the communicator (a member died: it is revoked)."""
+        with self._cond:
+            self.broken = self._error = self._error or error
+            self._closing = True
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Stop the thread and free the communicator (kept if a member left it mid-call)."""

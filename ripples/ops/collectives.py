@@ -232,10 +232,14 @@ def synchronize(handle: Handle):
     """Wait for an asynchronous collective and return its result (raises its error)."""
     if not isinstance(handle, Handle):
         raise TypeError(f"synchronize takes a handle from an *_async call, got {handle!r}")
+    rt = _runtime.current()
     if not handle.done:
-        _runtime.current().engine.wait(handle)
+        try:
+            rt.engine.wait(handle)
+        except Exception as exc:
+            raise rt.raised(exc, handle.generation) from exc
     if handle.error is not None:
-        raise handle.error
+        raise rt.raised(handle.error, handle.generation) from handle.error
     if handle.finalize is not None:
         finalize, handle.finalize = handle.finalize, None
         handle.result = finalize(handle.result)

@@ -97,6 +97,7 @@ class Engine:
             for request in requests:
                 self._names[(request.group, request.name)] = request
                 self._pending.append(request)
+                request.handle.generation = self._rt.generation
             if getattr(self._here, "waiting", False):
                 return  # the caller waits at once and runs the round itself
             self._wake.notify()
@@ -136,9 +137,12 @@ class Engine:
     def run(self, requests: Sequence[Request], handle: Handle):
         """Submit and wait: the blocking form of a collective. Raises its error."""
         self.submit(requests)
-        self.wait(handle)
+        try:
+            self.wait(handle)
+        except Exception as exc:
+            raise self._rt.raised(exc, handle.generation) from exc
         if handle.error is not None:
-            raise handle.error
+            raise self._rt.raised(handle.error, handle.generation) from handle.error
         return handle.result
 
     def pending(self) -> int:
@@ -175,7 +179,11 @@ class Engine:
             if idle and cycle_s:  # let a burst of submissions gather into one round
                 time.sleep(cycle_s)
             with self._comm_lock:
-                progressed = self._step()
+                try:
+                    progressed = self._step()
+                except Exception as exc:  # e.g. a communicator revoked after a death
+                    self._fail_pending(exc)
+                    continue
             if progressed:
                 pause = 0.0
             else:  # peers have not submitted yet: back off instead of spinning rounds
@@ -319,6 +327,12 @@ class Engine:
                     self._unnamed[request.group] = n - 1
         self._finish(requests, error)
 
+    def _fail_pending(self, error: BaseException) -> None:
+        """Fail every pending request: the control round itself failed, so none can run."""
+        with self._lock:
+            pending = list(self._pending)
+        self._finish(pending, error)
+
     def _finish(self, requests: Sequence[Request], error: Optional[BaseException]) -> None:
         with self._lock:
             for request in requests:
@@ -408,6 +422,19 @@ class Engine:
 
     # ------------------------------------------------------------------ shutdown
 
+    def abandon(self, error: BaseException) -> None:
+        """Fail every pending request with ``error`` and stop the thread, without talking
+        to the other ranks (a member died: the communicators are revoked)."""
+        with self._wake:
+            pending, self._pending = self._pending, []
+            self._names.clear()
+            self._closing = True
+            self._wake.notify()
+        for request in pending:
+            request.handle.part_done(error)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=_ABANDON_JOIN_S)
+
     def close(self) -> None:
         """Finish pending work, then stop the thread."""
         self.drain()
@@ -452,4 +479,5 @@ def fusion_chunks(sizes: Sequence[int], threshold: int) -> List[List[int]]:
 
 
 _MIN_PAUSE_S = 20e-6
+_ABANDON_JOIN_S = 5.0  # a thread inside a revoked communicator's call leaves at once
 _MAX_PAUSE_S = 1e-3

@@ -16,7 +16,7 @@ class Handle:
     """
 
     __slots__ = ("result", "error", "description", "finalize", "_left", "_event", "_lock",
-                 "blocking")
+                 "blocking", "generation")
 
     def __init__(self, description: str, result: Any = None, parts: int = 1,
                  finalize: Optional[Callable[[Any], Any]] = None):
@@ -25,6 +25,7 @@ class Handle:
         self.error: Optional[BaseException] = None
         self.finalize = finalize
         self.blocking = False  # a caller is waiting on it (tells the engine nothing else comes)
+        self.generation = 0  # the runtime's world when submitted (see Runtime.raised)
         self._left = parts
         self._lock = threading.Lock()
         # Made by the first wait() that must block: a blocking collective is usually done

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ripples import runtime as _runtime
+from ripples.errors import RanksFailedError
 
 
 def join(device: int = -1) -> int:
@@ -17,6 +18,13 @@ def join(device: int = -1) -> int:
     compatibility.
     """
     rt = _runtime.current()
-    for hook in rt.join_hooks:
-        hook()
-    return rt.engine.join()
+    while True:
+        try:
+            for hook in rt.join_hooks:
+                hook()
+            return rt.engine.join()
+        except Exception as exc:
+            error = rt.raised(exc)
+            if not isinstance(error, RanksFailedError):
+                raise error from exc
+            # Dead ranks (fault-tolerant mode): the survivors join again on the new world.
