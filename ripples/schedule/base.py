@@ -58,6 +58,11 @@ class Schedule(abc.ABC):
         """Release resources. Safe to call more than once."""
         self._left = True
 
+    def abandon(self) -> None:
+        """Stop at once without talking to other ranks (some died): release what can be
+        released locally. The schedule cannot be used afterwards."""
+        self._left = True
+
     def _check_step(self, step: int) -> None:
         if self._left:
             raise ValueError(f"rank {self.rank} has left the schedule; groups_for_step() "

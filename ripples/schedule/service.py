@@ -244,6 +244,16 @@ class GeneratorSchedule(Schedule):
                                f"unexecuted groups {unexecuted}; call leave() and execute "
                                "the groups it returns before close()")
 
+    def abandon(self) -> None:
+        """Stop at once (ranks died): revoke the generator's communicator, so that every
+        rank waiting for an answer stops waiting, and stop the service thread."""
+        from ripples.comm.failures import revoke
+        self._closed = self._left = True
+        self._held.clear()
+        revoke([self.comm])
+        if self._service is not None:
+            self._service.stop()
+
     def _call(self, op: str):
         if self._closed:
             raise RipplesError(f"rank {self.rank}: the group generator schedule is closed")

@@ -13,7 +13,8 @@ from mpi4py import MPI
 from ripples import runtime as _runtime
 from ripples import startup as _startup
 from ripples.config import Config
-from ripples.errors import MismatchError, NotInitializedError, RipplesError, RipplesTimeoutError
+from ripples.errors import (MismatchError, NotInitializedError, RanksFailedError, RipplesError,
+                            RipplesTimeoutError)
 from ripples.ops.collectives import (allgather_async, alltoall_async, broadcast_async,
                                      broadcast_async_, grouped_allgather_async,
                                      grouped_reducescatter_async, reducescatter_async,
@@ -38,7 +39,12 @@ from ripples.torch.mpi_ops import (allgather, allreduce, alltoall, broadcast, gr
                                    reducescatter)
 from ripples.torch.optimizer import DistributedOptimizer, Sync
 from ripples.torch.optimizer_base import GradientsPendingError
+from ripples.runtime import on_reset
+from ripples.torch import elastic
 from ripples.torch.sync_batch_norm import SyncBatchNorm
+
+# Horovod's name for the error a dead rank raises (fault-tolerant mode).
+HorovodInternalError = RanksFailedError
 
 
 def init(comm: Optional[MPI.Comm] = None, process_sets=None, **settings) -> None:

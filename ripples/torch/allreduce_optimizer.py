@@ -142,6 +142,7 @@ class AllreduceOptimizer(WrappedOptimizer):
         self._hooks = [p.register_post_accumulate_grad_hook(_weak_hook(self)) for _, p in named]
         self._buckets: Optional[GradientBuckets] = None
         self._plan()
+        self._runtime.rebuild_hooks.append(self._new_world)
 
     def _plan(self) -> None:
         """Split the trainable parameters between buckets and by-name all-reduces.
@@ -161,6 +162,14 @@ class AllreduceOptimizer(WrappedOptimizer):
         in_buckets = {p for _, p in bucketed}
         self._units = fusion_units([(n, p) for n, p in self._trainable if p not in in_buckets],
                                    self._groups)
+
+    def _new_world(self) -> None:
+        """Ranks died and the survivors are on a smaller world (called by
+        ``Runtime.recover`` on each, in the same order): forget the interrupted step's
+        gradients and plan the buckets over the new world (collective over it)."""
+        self._passes = dict.fromkeys(self._passes, 0)
+        self._synchronized = False
+        self._plan()
 
     def _communication_in_compute(self) -> float:
         return 0.0 if self._buckets is None else self._buckets.take_backward_wait()
@@ -322,6 +331,8 @@ class AllreduceOptimizer(WrappedOptimizer):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        if self._new_world in self._runtime.rebuild_hooks:
+            self._runtime.rebuild_hooks.remove(self._new_world)
         if self._buckets is not None:
             self._buckets.close()
             self._buckets = None

@@ -8,10 +8,11 @@ tensors live in flat buffers (``flat_parameters``), so a sync reduces one tensor
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from ripples.errors import RanksFailedError
 from ripples.ops.partial import grouped_partial_allreduce_
 from ripples.schedule import Schedule, make_schedule
 from ripples.schedule.resume import check_resume
@@ -119,10 +120,17 @@ class DecentralizedOptimizer(WrappedOptimizer):
     another rank saved.
     """
 
-    def __init__(self, optimizer, named, mode, schedule: Schedule, sync_every: int, model):
+    def __init__(self, optimizer, named, mode, schedule: Schedule, sync_every: int, model,
+                 new_schedule: Optional[Callable[[], Schedule]] = None):
         super().__init__(optimizer, named)
         self.mode = mode
         self.schedule = schedule
+        # Builds the schedule for the current world: after dead ranks (fault-tolerant mode)
+        # the survivors schedule among themselves. None for a Schedule object the user gave.
+        self._new_schedule = new_schedule
+        self._sync_base = 0  # the sync count the schedule's step 0 fell on
+        self.schedule_generation = self._runtime.generation
+        self._snapshot: Optional[List[torch.Tensor]] = None
         self._model = model
         self._buffers = floating_buffers(model)
         self.flat = FlatParameters(list(named) + self._buffers)
@@ -132,6 +140,8 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self._closed = False
         rt = self._runtime
         rt.join_hooks.append(self.leave)
+        rt.abandon_hooks.append(self._abandon_schedule)
+        rt.rebuild_hooks.append(self._new_world)
         rt.at_shutdown(self.close)
         record(self, named, self.close)
 
@@ -143,16 +153,33 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self._finish_compute()
         result = self.optimizer.step(closure)
         if (self._steps + 1) % self._sync_every == 0:
-            with self.metrics.waiting():  # asking the generator is waiting too
-                assignments = self.schedule.groups_for_step(self._syncs)
-            self._run(assignments)
+            try:
+                self._sync()
+            except RanksFailedError as failure:
+                self._restore()
+                log.warning("rank %d: the P-Reduce of step %d was lost (%s); training goes on "
+                            "with this rank's model", self._runtime.rank, self._steps, failure)
             self._syncs += 1
         self._end_step()
         return result
 
+    def _sync(self) -> None:
+        rt = self._runtime
+        if self._sync_base is None:  # the first sync in a new world: its step 0
+            self._sync_base = self._syncs
+        try:
+            with self.metrics.waiting():  # asking the generator is waiting too
+                assignments = self.schedule.groups_for_step(self._syncs - self._sync_base)
+            self._run(assignments)
+        except RanksFailedError:
+            raise
+        except Exception as exc:  # e.g. the generator's communicator revoked after a death
+            raise rt.raised(exc, self.schedule_generation) from exc
+
     def _run(self, assignments) -> None:
         if assignments:
             self._check_layout()
+            self._save()
         flat = self.flat
         with self.metrics.waiting():
             for _, group in assignments:
@@ -163,6 +190,48 @@ class DecentralizedOptimizer(WrappedOptimizer):
                 if flat.loose:
                     grouped_partial_allreduce_([t.detach() for t in flat.loose], group)
                 self.metrics.add_group(len(group))
+
+    def _save(self) -> None:
+        """Fault-tolerant mode: keep a copy of the averaged tensors, as an all-reduce cut
+        short by a dead member can leave its buffer half summed."""
+        if not self._runtime.config.fault_tolerant:
+            return
+        tensors = self.flat.buffers + [t.detach() for t in self.flat.loose]
+        if self._snapshot is None or [s.shape for s in self._snapshot] != [t.shape for t in tensors]:
+            self._snapshot = [t.detach().clone() for t in tensors]
+        else:
+            for saved, tensor in zip(self._snapshot, tensors):
+                saved.copy_(tensor)
+
+    def _restore(self) -> None:
+        """Put back the tensors as they were before the P-Reduce a dead member cut short."""
+        if self._snapshot is None:
+            return
+        tensors = self.flat.buffers + [t.detach() for t in self.flat.loose]
+        with torch.no_grad():
+            for saved, tensor in zip(self._snapshot, tensors):
+                tensor.copy_(saved)
+
+    def _abandon_schedule(self) -> None:
+        """Ranks died: stop the schedule without talking to anyone (a generator's
+        communicator is revoked, so ranks waiting for groups learn of the death)."""
+        self.schedule.abandon()
+
+    def _new_world(self) -> None:
+        """Ranks died and the survivors are on a smaller world: drop the old schedule without
+        talking to anyone and build one among the survivors (collective over them, called by
+        ``Runtime.recover`` on every survivor in the same order). A rank that has left
+        leaves the new schedule too."""
+        if self._new_schedule is None:
+            raise RanksFailedError(
+                f"rank {self._runtime.rank}: DistributedOptimizer(schedule=<a Schedule object>) "
+                "cannot go on after ranks died: it was built for the old world. Pass a "
+                f"schedule name ({list(SCHEDULES)}) to survive dead ranks")
+        self.schedule = self._new_schedule()
+        self.schedule_generation = self._runtime.generation
+        self._sync_base = None
+        if self._left:
+            self.schedule.leave()
 
     def _check_layout(self) -> None:
         """Lay the buffers out again if a tensor left its place since the last sync (its
@@ -201,4 +270,6 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self.schedule.close()
         rt = self._runtime
         rt.join_hooks.remove(self.leave)
+        rt.abandon_hooks.remove(self._abandon_schedule)
+        rt.rebuild_hooks.remove(self._new_world)
         rt.cancel_at_shutdown(self.close)

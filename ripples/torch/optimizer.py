@@ -24,6 +24,7 @@ from ripples import runtime as _runtime
 from ripples.ops.collectives import allgather_object
 from ripples.ops.process_sets import ProcessSet, global_process_set
 from ripples.reduce_ops import ReduceOp, check_op
+from ripples.schedule import Schedule
 from ripples.torch.adpsgd_optimizer import AdpsgdOptimizer
 from ripples.torch.allreduce_optimizer import AllreduceOptimizer, fusion_units
 from ripples.torch.compression import Compression
@@ -176,9 +177,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         return AdpsgdOptimizer(optimizer, trainable, mode,
                                1 if sync_every is None else sync_every, model)
     size = _DEFAULT_GROUP_SIZE if group_size is None else group_size
-    return DecentralizedOptimizer(optimizer, trainable, mode,
-                                  make_mode_schedule(_runtime.current(), kind, size, division),
-                                  1 if sync_every is None else sync_every, model)
+
+    def new_schedule():
+        return make_mode_schedule(_runtime.current(), kind, size, division)
+
+    return DecentralizedOptimizer(optimizer, trainable, mode, new_schedule(),
+                                  1 if sync_every is None else sync_every, model,
+                                  None if isinstance(kind, Schedule) else new_schedule)
 
 
 def _choice(enum_type, value, argument: str):

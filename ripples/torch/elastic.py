@@ -1,0 +1,264 @@
+"""Horovod's elastic API on ripples: ``hvd.elastic.run``, ``hvd.elastic.TorchState`` and
+``hvd.elastic.ElasticSampler``, for training that survives dead ranks.
+
+With ``Config.fault_tolerant`` (``ripplesrun --fault-tolerant``), a rank that dies makes the
+survivors' next collective raise ``HorovodInternalError`` (``ripples.RanksFailedError``)
+after they have moved onto a smaller world. ``run`` catches it, rolls the state back to its
+last ``commit()``, calls the reset callbacks, makes every survivor agree on rank 0's state
+(``sync()``), and calls the training function again. What ran since the last commit is
+redone on the survivors; the dead ranks' work since then is lost.
+
+The world only shrinks here: ripples does not add ranks while a job runs (no MPI dynamic
+processes). To grow back, restart the job from the latest saved checkpoint with more
+ranks. ``HostsUpdatedInterrupt`` exists for scripts that catch it, and ripples never
+raises it.
+
+Typical use, as with Horovod::
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for state.batch, (x, y) in enumerate(loader, start=state.batch):
+                ...
+                if state.batch % 10 == 0:
+                    state.commit()
+            state.batch = 0
+
+    state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
+    train(state)
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from typing import Any, Callable, Iterable, List, Optional
+
+import torch
+
+from ripples import runtime as _runtime
+from ripples.errors import RanksFailedError, RipplesError
+from ripples.ops.collectives import broadcast_object
+from ripples.optim_wrapper import OptimizerWrapper
+from ripples.torch.functions import broadcast_optimizer_state, broadcast_parameters
+
+HorovodInternalError = RanksFailedError
+
+
+class HostsUpdatedInterrupt(RipplesError):
+    """Horovod's signal that hosts were added or removed. ripples never raises it (the
+    world only shrinks, and that raises ``HorovodInternalError``); ``run`` handles it as
+    Horovod does, for scripts that raise it themselves."""
+
+    def __init__(self, skip_sync: bool = False):
+        super().__init__("hosts updated")
+        self.skip_sync = skip_sync
+
+
+class State:
+    """State kept in step on every rank and rolled back together: ``commit()`` saves it,
+    ``restore()`` brings back the last commit, ``sync()`` copies rank 0's to every rank.
+    Extra keyword arguments become attributes (``state.epoch``) handled the same way."""
+
+    def __init__(self, **attributes):
+        self._reset_callbacks: List[Callable[[], None]] = []
+        self._attributes = dict(attributes)
+        self._saved_attributes: dict = {}
+        for name, value in attributes.items():
+            setattr(self, name, value)
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Call each of ``callbacks`` after every reset (the world shrank), before
+        ``sync()``: e.g. to scale the learning rate to the new ``size()``."""
+        callbacks = list(callbacks)
+        for callback in callbacks:
+            if not callable(callback):
+                raise TypeError(f"register_reset_callbacks takes callables, got {callback!r}")
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Save the state: a later failure rolls back to here."""
+        self.save()
+
+    def check_host_updates(self) -> None:
+        """Horovod checks for added hosts here; the world of a ripples job never grows."""
+
+    def save(self) -> None:
+        self._saved_attributes = {name: copy.deepcopy(getattr(self, name))
+                                  for name in self._attributes}
+
+    def restore(self) -> None:
+        for name, value in self._saved_attributes.items():
+            setattr(self, name, copy.deepcopy(value))
+
+    def sync(self) -> None:
+        """Make every rank's attributes rank 0's (collective), then save them."""
+        if self._attributes:
+            values = broadcast_object({name: getattr(self, name) for name in self._attributes},
+                                      root_rank=0)
+            for name, value in values.items():
+                setattr(self, name, value)
+        self.save()
+
+
+class ObjectState(State):
+    """A ``State`` of plain Python attributes (Horovod's ``ObjectState``)."""
+
+
+class TorchState(State):
+    """A model, an optimizer and plain attributes, kept in step across ranks.
+
+    ``model``: a ``torch.nn.Module`` (its ``state_dict``); ``optimizer``: a torch optimizer
+    or ripples' ``DistributedOptimizer`` (the wrapped optimizer's state is saved); further
+    keyword arguments become attributes. An ``ElasticSampler`` among them is saved,
+    restored, synchronized and re-partitioned with the rest.
+    """
+
+    def __init__(self, model: Optional[torch.nn.Module] = None, optimizer=None, **attributes):
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise TypeError(f"TorchState(model=...) takes a torch.nn.Module, got "
+                            f"{type(model).__name__}")
+        self.model = model
+        self.optimizer = optimizer
+        samplers = {k: v for k, v in attributes.items() if isinstance(v, ElasticSampler)}
+        self._samplers = samplers
+        super().__init__(**{k: v for k, v in attributes.items() if k not in samplers})
+        for name, sampler in samplers.items():
+            setattr(self, name, sampler)
+        self._saved_model = None
+        self._saved_optimizer = None
+        self._saved_samplers: dict = {}
+        self.save()
+
+    def _inner_optimizer(self):
+        optimizer = self.optimizer
+        return optimizer.optimizer if isinstance(optimizer, OptimizerWrapper) else optimizer
+
+    def save(self) -> None:
+        super().save()
+        if self.model is not None:
+            self._saved_model = copy.deepcopy(self.model.state_dict())
+        if self.optimizer is not None:
+            self._saved_optimizer = copy.deepcopy(self._inner_optimizer().state_dict())
+        self._saved_samplers = {name: sampler.state_dict()
+                                for name, sampler in self._samplers.items()}
+
+    def restore(self) -> None:
+        super().restore()
+        if self.model is not None:
+            self.model.load_state_dict(self._saved_model)
+        if self.optimizer is not None:
+            self._inner_optimizer().load_state_dict(copy.deepcopy(self._saved_optimizer))
+        for name, sampler in self._samplers.items():
+            sampler.load_state_dict(self._saved_samplers[name])
+
+    def sync(self) -> None:
+        """Make every rank's model, optimizer, attributes and samplers rank 0's
+        (collective), then save them."""
+        if self.model is not None:
+            broadcast_parameters(self.model.state_dict(), root_rank=0)
+        if self.optimizer is not None:
+            broadcast_optimizer_state(self._inner_optimizer(), root_rank=0)
+        for sampler in self._samplers.values():
+            sampler.load_state_dict(broadcast_object(sampler.state_dict(), root_rank=0))
+        super().sync()
+
+    def on_reset(self) -> None:
+        for sampler in self._samplers.values():
+            sampler.reset()
+        super().on_reset()
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """Horovod's ``ElasticSampler``: a ``DistributedSampler`` whose partition follows the
+    world as it shrinks, and which skips the samples already processed this epoch.
+
+    Call ``record_batch(batch_idx, batch_size)`` (or ``record_indices``) after each batch,
+    and ``set_epoch(epoch)`` at each epoch. After a reset, the samples not yet processed in
+    this epoch are shared among the survivors.
+    """
+
+    def __init__(self, dataset, shuffle: bool = True, seed: int = 0):
+        self.dataset = dataset
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.processed_indices: set = set()
+        self.reset()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.processed_indices = set()
+        self.reset()
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """Mark the samples of batch ``batch_idx`` of this rank processed."""
+        start = batch_idx * batch_size
+        self.record_indices(self.indices[start:start + batch_size])
+
+    def record_indices(self, indices: Iterable[int]) -> None:
+        self.processed_indices.update(int(i) for i in indices)
+
+    def state_dict(self) -> dict:
+        # Every rank's processed samples count: gathered when the state is synchronized.
+        processed = sorted(self.processed_indices)
+        if _runtime.is_initialized() and _runtime.current().size > 1:
+            from ripples.ops.collectives import allgather_object
+            processed = sorted({i for part in allgather_object(processed) for i in part})
+        return {"epoch": self.epoch, "processed_indices": processed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = state["epoch"]
+        self.processed_indices = set(state["processed_indices"])
+        self.reset()
+
+    def reset(self) -> None:
+        """Partition the samples not processed yet among the current world."""
+        rt = _runtime.current()
+        self.rank, self.num_replicas = rt.rank, rt.size
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        remaining = [i for i in order if i not in self.processed_indices]
+        self.num_samples = math.ceil(len(remaining) / self.num_replicas)
+        padded = remaining + remaining[:self.num_samples * self.num_replicas - len(remaining)]
+        self.indices = padded[self.rank::self.num_replicas]
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a training function ``func(state, *args, **kwargs)`` so that it survives
+    dead ranks: on ``HorovodInternalError`` the state is restored to its last commit, the
+    reset callbacks run, and ``func`` is called again on the survivors after ``sync()``.
+    ``state`` must be a ``State`` (e.g. ``TorchState``)."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args, **kwargs):
+        if not isinstance(state, State):
+            raise TypeError("hvd.elastic.run: the decorated function's first argument must be "
+                            f"a hvd.elastic.State (e.g. TorchState), got {type(state).__name__}")
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError:
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as interrupt:
+                skip_sync = interrupt.skip_sync
+            state.on_reset()
+
+    return wrapper
