@@ -50,6 +50,14 @@ def test_settings_are_passed_explicitly_to_ranks():
     assert argv[-2:] == ["python", "train.py"]
 
 
+def test_fault_tolerant_runs_under_ulfm_over_tcp_and_tells_the_ranks():
+    argv, _ = build(["-np", "4", "--fault-tolerant", "python", "t.py"], cpu_count=4)
+    assert argv[3:9] == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "-x"]
+    assert x_values(argv) == ["RIPPLES_FAULT_TOLERANT=1"]
+    argv, _ = build(["-np", "4", "python", "t.py"], cpu_count=4)
+    assert "--with-ft" not in argv and not x_values(argv)
+
+
 def test_passed_settings_are_valid_config_values():
     from ripples.config import Config
     argv, _ = build(["-np", "4", "--slowdown", "3:2", "--compute-ms", "12.5", "--timeout", "7",

@@ -1,0 +1,121 @@
+"""Training through a rank's death under ``Config.fault_tolerant`` (run by test_fault_tolerance).
+
+usage: ft_training.py MODE SCHEDULE DEAD_RANK DIE_AT_STEP STEPS
+
+MODE ``decentralized``: ``DistributedOptimizer(sync="ripples", schedule=SCHEDULE)``; the
+survivors keep their models and go on. MODE ``elastic``: all-reduce training inside
+``hvd.elastic.run`` with a ``TorchState`` committed every 5 steps; the survivors roll back
+to the last commit. Rank DEAD_RANK calls ``os._exit(1)`` at step DIE_AT_STEP.
+
+Each survivor prints ``SURVIVOR rank=R old_rank=O size=S resets=N steps=K loss0=.. loss=..
+checksum=..`` after ``join()``.
+"""
+import faulthandler
+import os
+import sys
+
+import torch
+
+import ripples.torch as hvd
+
+mode, schedule, dead_rank, die_at, steps = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
+                                            int(sys.argv[4]), int(sys.argv[5]))
+# A hung job shows where each rank waits, well before the outer test's timeout.
+faulthandler.dump_traceback_later(120, exit=True)
+hvd.init()
+old_rank, old_size = hvd.rank(), hvd.size()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+resets = []
+hvd.on_reset(lambda: resets.append(hvd.size()))
+
+# A fixed regression problem; each rank draws its own batches from it.
+data_gen = torch.Generator().manual_seed(1)
+inputs = torch.randn(512, 8, generator=data_gen)
+targets = inputs @ torch.randn(8, 1, generator=data_gen)
+
+
+def batch(step):
+    rows = torch.Generator().manual_seed(1000 * old_rank + step)
+    index = torch.randint(0, len(inputs), (32,), generator=rows)
+    return inputs[index], targets[index]
+
+
+def loss_of(m):
+    with torch.no_grad():
+        return torch.nn.functional.mse_loss(m(inputs), targets).item()
+
+
+def maybe_die(step):
+    if old_rank == dead_rank and step == die_at:
+        sys.stdout.flush()
+        os._exit(1)
+
+
+loss0 = loss_of(model)
+if mode == "decentralized":
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters(),
+                                         sync="ripples", schedule=schedule, group_size=2)
+    done = 0
+    for step in range(steps):
+        maybe_die(step)
+        x, y = batch(step)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        done += 1
+    hvd.join()
+    averaged = hvd.average_model(model)
+    final_loss = loss_of(averaged)
+else:
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer, step=0, done=0)
+    state.register_reset_callbacks([lambda: resets.append(-1)])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            maybe_die(state.step)
+            x, y = batch(state.step)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            state.step += 1
+            state.done += 1
+            if state.step % 5 == 0:
+                state.commit()
+
+    train(state)
+    done = state.done
+    hvd.join()
+    final_loss = loss_of(model)
+    # The same training in one process: every rank of the first world averages its
+    # gradients up to the last commit before the death, the survivors from there on.
+    torch.manual_seed(0)
+    twin = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    twin_sgd = torch.optim.SGD(twin.parameters(), lr=0.05)
+    last_commit = die_at - die_at % 5
+    for step in range(steps):
+        ranks = [r for r in range(old_size) if step < last_commit or r != dead_rank]
+        grads = []
+        for r in ranks:
+            old_rank_here, old_rank = old_rank, r
+            x, y = batch(step)
+            old_rank = old_rank_here
+            twin.zero_grad()
+            torch.nn.functional.mse_loss(twin(x), y).backward()
+            grads.append([p.grad.clone() for p in twin.parameters()])
+        for i, p in enumerate(twin.parameters()):
+            p.grad = sum(g[i] for g in grads) / len(ranks)
+        twin_sgd.step()
+    gap = max((a - b).abs().max().item() for a, b in zip(model.parameters(), twin.parameters()))
+    print(f"TWIN rank={hvd.rank()} max_difference={gap!r}", flush=True)
+
+checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
+print(f"SURVIVOR rank={hvd.rank()} old_rank={old_rank} size={hvd.size()} "
+      f"resets={','.join(map(str, resets))} steps={done} loss0={loss0:.6f} loss={final_loss:.6f} "
+      f"checksum={checksum!r}", flush=True)
+hvd.shutdown()
