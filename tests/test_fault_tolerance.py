@@ -113,3 +113,31 @@ def test_ranks_failed_error_is_horovods_internal_error():
     assert hvd.elastic.HorovodInternalError is RanksFailedError
     error = RanksFailedError("x", failed=[5], size=7, rank=3, generation=1)
     assert (error.failed, error.size, error.rank, error.generation) == ((5,), 7, 3, 1)
+
+
+def test_elastic_sampler_shares_what_is_left_among_the_current_world(monkeypatch):
+    import types
+
+    import ripples.runtime as runtime
+    from ripples.torch.elastic import ElasticSampler
+    world = types.SimpleNamespace(rank=0, size=3)
+    monkeypatch.setattr(runtime, "current", lambda: world)
+    samplers = []
+    for rank in range(3):
+        world.rank = rank
+        samplers.append(ElasticSampler(range(12), shuffle=False))
+    assert [list(s) for s in samplers] == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
+    samplers[0].record_batch(0, 2)  # rank 0 processed samples 0 and 3
+    samplers[1].record_batch(0, 2)  # rank 1: 1 and 4
+    # rank 2 died; the survivors merge what was processed and split the other 8 samples
+    processed = sorted(samplers[0].processed_indices | samplers[1].processed_indices)
+    world.size = 2
+    left = []
+    for rank in range(2):
+        world.rank = rank
+        samplers[rank].load_state_dict({"epoch": 0, "processed_indices": processed})
+        left.append(list(samplers[rank]))
+    assert sorted(left[0] + left[1]) == [2, 5, 6, 7, 8, 9, 10, 11]
+    assert len(samplers[0]) == len(samplers[1]) == 4
+    samplers[0].set_epoch(1)  # a new epoch starts from every sample
+    assert len(samplers[0]) == 6

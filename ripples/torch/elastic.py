@@ -38,7 +38,7 @@ import torch
 
 from ripples import runtime as _runtime
 from ripples.errors import RanksFailedError, RipplesError
-from ripples.ops.collectives import broadcast_object
+from ripples.ops.collectives import allgather_object, broadcast_object
 from ripples.optim_wrapper import OptimizerWrapper
 from ripples.torch.functions import broadcast_optimizer_state, broadcast_parameters
 
@@ -164,7 +164,11 @@ class TorchState(State):
         if self.optimizer is not None:
             broadcast_optimizer_state(self._inner_optimizer(), root_rank=0)
         for sampler in self._samplers.values():
-            sampler.load_state_dict(broadcast_object(sampler.state_dict(), root_rank=0))
+            # Every rank's processed samples count, and rank 0's epoch.
+            processed = {i for part in allgather_object(sorted(sampler.processed_indices))
+                         for i in part}
+            epoch = broadcast_object(sampler.epoch, root_rank=0)
+            sampler.load_state_dict({"epoch": epoch, "processed_indices": sorted(processed)})
         super().sync()
 
     def on_reset(self) -> None:
@@ -204,12 +208,8 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.processed_indices.update(int(i) for i in indices)
 
     def state_dict(self) -> dict:
-        # Every rank's processed samples count: gathered when the state is synchronized.
-        processed = sorted(self.processed_indices)
-        if _runtime.is_initialized() and _runtime.current().size > 1:
-            from ripples.ops.collectives import allgather_object
-            processed = sorted({i for part in allgather_object(processed) for i in part})
-        return {"epoch": self.epoch, "processed_indices": processed}
+        """This rank's view (local; ``TorchState.sync`` merges every rank's)."""
+        return {"epoch": self.epoch, "processed_indices": sorted(self.processed_indices)}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch = state["epoch"]
