@@ -23,6 +23,8 @@ HOROVOD_NAMES = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "stall_warning_s",
 }
 
+GROUP_ALLREDUCE = ("auto", "communicator", "ring")
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -39,6 +41,13 @@ class Config:
         failure revokes ripples' communicators, the survivors shrink the world and go on
         (``ripples.comm.failures``, ``ripples.torch.elastic``). Needs Open MPI's ULFM
         (``mpiexec --with-ft ulfm``; ``ripplesrun --fault-tolerant`` sets both).
+    group_allreduce: how a group that is not the whole world (a P-Reduce) all-reduces host
+        tensors. ``"communicator"``: an MPI communicator per group, made on first use and
+        cached (``cache_capacity``). ``"ring"``: a ring of point-to-point messages over one
+        long-lived communicator, nothing made per group (``ripples.ops.ring_allreduce``).
+        ``"auto"``: the ring under ``fault_tolerant`` (a group communicator being made
+        cannot be revoked, so a death then could hang the survivors), else a communicator.
+        Every rank must use the same setting (``init()`` checks).
     cache_capacity: group communicators kept per rank (least recently used is freed).
     fusion_threshold_bytes: consecutive agreed all-reduces are fused into buffers up to
         this size.
@@ -71,6 +80,7 @@ class Config:
     stall_warning_s: float = 10.0
     wait_for_busy_peers: bool = True
     fault_tolerant: bool = False
+    group_allreduce: str = "auto"
     cache_capacity: int = 64
     fusion_threshold_bytes: int = 64 * 1024 * 1024
     bucket_bytes: int = 25 * 1024 * 1024
@@ -92,6 +102,8 @@ class Config:
         _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
         _require(self.stall_warning_s > 0, "stall_warning_s", self.stall_warning_s,
                  "a positive number of seconds")
+        _require(self.group_allreduce in GROUP_ALLREDUCE, "group_allreduce",
+                 self.group_allreduce, " or ".join(repr(v) for v in GROUP_ALLREDUCE))
         _require(self.cache_capacity >= 1, "cache_capacity", self.cache_capacity, "an integer >= 1")
         _require(self.fusion_threshold_bytes >= 0, "fusion_threshold_bytes",
                  self.fusion_threshold_bytes, "an integer >= 0 (0 disables fusion)")
@@ -101,6 +113,13 @@ class Config:
         _require(self.compute_ms >= 0, "compute_ms", self.compute_ms, "a number >= 0")
         _require(self.ps_servers >= 0, "ps_servers", self.ps_servers, "an integer >= 0")
         _require(self.ps_spare >= 0, "ps_spare", self.ps_spare, "an integer >= 0")
+
+    @property
+    def ring_groups(self) -> bool:
+        """Whether groups all-reduce over the ring (``group_allreduce`` resolved)."""
+        if self.group_allreduce == "auto":
+            return self.fault_tolerant
+        return self.group_allreduce == "ring"
 
     @classmethod
     def load(cls, environ: Optional[Mapping[str, str]] = None, **overrides: Any) -> "Config":

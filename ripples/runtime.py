@@ -71,6 +71,8 @@ class Runtime:
         self.world = comm.Dup()
         self.ctl = comm.Dup()
         self.service_comm = comm.Dup()
+        # Groups' ring all-reduces (Config.group_allreduce), point to point.
+        self.peers = comm.Dup()
         # Answers peers asking whether this rank is alive, whatever the main thread does.
         self.liveness = Liveness(comm.Dup(), self.config.timeout_s,
                                  self.config.stall_warning_s, self.config.wait_for_busy_peers)
@@ -158,8 +160,8 @@ class Runtime:
         world (gradient buckets, schedules) sees ``generation`` change and plans again.
         """
         with self._recovery_lock:
-            revoke_list = [self.world, self.ctl, self.service_comm, self.local, self.cross,
-                           self.liveness.comm]
+            revoke_list = [self.world, self.ctl, self.service_comm, self.peers, self.local,
+                           self.cross, self.liveness.comm]
             if self.cache is not None:
                 revoke_list += self.cache.comms()
             revoke_list += [reducer.comm for reducer in list(self.reducers)]
@@ -205,7 +207,8 @@ class Runtime:
         if self.cache is not None:
             self.cache.close()
         self.liveness.close()
-        for comm in (self.cross, self.local, self.service_comm, self.ctl, self.world):
+        for comm in (self.cross, self.local, self.peers, self.service_comm, self.ctl,
+                     self.world):
             comm.Free()
 
 

@@ -7,6 +7,7 @@ fusion buffers and the communicator caches.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 from mpi4py import MPI
@@ -48,6 +49,7 @@ def init(comm: Optional[MPI.Comm] = None, config: Optional[Config] = None,
         ps_context = ps.start(base, config)  # server ranks serve and exit inside
         base = ps_context.worker_comm
     runtime = _runtime.Runtime(base, config, ps=ps_context)
+    check_same_transport(runtime)
     runtime.attach = attach_engine
     attach_engine(runtime)
     return _runtime.install(runtime)
@@ -64,6 +66,27 @@ def check_fault_tolerance(config: Config) -> None:
         raise ValueError("Config.fault_tolerant (RIPPLES_FAULT_TOLERANT=1) needs Open MPI's "
                          "fault tolerance: launch with `ripplesrun --fault-tolerant ...`, or "
                          f"`mpiexec {' '.join(failures.MPIEXEC_ARGS)} ...`")
+    missing = failures.missing_launch_settings()
+    if missing:
+        warnings.warn(f"Config.fault_tolerant: this job was launched without {missing}; a "
+                      "death may then go unnoticed or hang the survivors at exit (see "
+                      "ripples.comm.failures): launch with `ripplesrun --fault-tolerant` or "
+                      f"`mpiexec {' '.join(failures.MPIEXEC_ARGS)} ...`", stacklevel=3)
+
+
+def check_same_transport(runtime: _runtime.Runtime) -> None:
+    """Raise ValueError on every rank unless all ranks move group all-reduces the same way
+    (``Config.group_allreduce``): a ring member and a communicator member would wait on
+    each other for good. Collective over the world."""
+    ring = runtime.config.ring_groups
+    rings = runtime.ctl.allgather(ring)
+    if len(set(rings)) > 1:
+        over_ring = [r for r, on in enumerate(rings) if on]
+        raise ValueError(
+            f"Config.group_allreduce differs between ranks: rank(s) {over_ring} all-reduce "
+            f"groups over the ring, the others over group communicators (this is rank "
+            f"{runtime.rank}, {'ring' if ring else 'communicator'}); set RIPPLES_GROUP_ALLREDUCE "
+            "(and RIPPLES_FAULT_TOLERANT) alike on every rank")
 
 
 def attach_engine(runtime: _runtime.Runtime) -> None:

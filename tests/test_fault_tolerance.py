@@ -107,6 +107,15 @@ def test_ulfm_is_on_only_when_mpiexec_enabled_it():
     assert not failures.ulfm_active({"OMPI_MCA_mpi_ft_enable": "0"})
 
 
+def test_a_launch_without_the_transport_or_finalize_settings_is_named():
+    assert failures.missing_launch_settings({}) == [
+        "--mca btl tcp,self", "--mca async_mpi_finalize 1"]
+    assert failures.missing_launch_settings({"OMPI_MCA_btl": "tcp,self"}) == [
+        "--mca async_mpi_finalize 1"]
+    assert failures.missing_launch_settings(
+        {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_async_mpi_finalize": "1"}) == []
+
+
 def test_ranks_failed_error_is_horovods_internal_error():
     import ripples.torch as hvd
     assert hvd.HorovodInternalError is RanksFailedError

@@ -20,14 +20,19 @@ LONG = os.environ.get("RIPPLES_LONG_TESTS") == "1"
 CASES = int(os.environ.get("RIPPLES_FUZZ_CASES", "400" if LONG else "150"))
 
 
-@pytest.mark.parametrize("nprocs,seed", [(2, 1), (3, 11), (4, 4)])
-def test_random_calls_end_right_or_in_the_expected_error_and_never_hang(nprocs, seed):
-    result = run_mpi([sys.executable, SCRIPT, str(CASES), str(seed)], nprocs,
-                     timeout=120 + CASES * 0.5,
+@pytest.mark.parametrize("nprocs,seed,group_allreduce,cases", [
+    (2, 1, "communicator", CASES), (3, 11, "communicator", CASES), (4, 4, "communicator", CASES),
+    # groups that are not the world all-reduce over the point-to-point ring
+    (3, 12, "ring", CASES // 2)])
+def test_random_calls_end_right_or_in_the_expected_error_and_never_hang(nprocs, seed,
+                                                                        group_allreduce, cases):
+    result = run_mpi([sys.executable, SCRIPT, str(cases), str(seed)], nprocs,
+                     timeout=120 + cases * 0.5,
                      # a member that skips a call must time out, not be waited for
-                     env={"RIPPLES_TIMEOUT_S": "1", "RIPPLES_WAIT_FOR_BUSY_PEERS": "0"})
+                     env={"RIPPLES_TIMEOUT_S": "1", "RIPPLES_WAIT_FOR_BUSY_PEERS": "0",
+                          "RIPPLES_GROUP_ALLREDUCE": group_allreduce})
     summary = json.loads(re.search(r"^FUZZ (.*)$", result.stdout, re.M).group(1))
-    assert summary["cases"] == CASES and sum(summary["kinds"].values()) == CASES
+    assert summary["cases"] == cases and sum(summary["kinds"].values()) == cases
     # every kind of case was drawn, and each error class showed up
     assert {"MismatchError", "ValueError", "TypeError"} <= set(summary["errors"]), summary
     assert {"join", "join then alltoall", "process set"} <= set(summary["kinds"]), summary

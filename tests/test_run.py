@@ -52,7 +52,8 @@ def test_settings_are_passed_explicitly_to_ranks():
 
 def test_fault_tolerant_runs_under_ulfm_over_tcp_and_tells_the_ranks():
     argv, _ = build(["-np", "4", "--fault-tolerant", "python", "t.py"], cpu_count=4)
-    assert argv[3:9] == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "-x"]
+    assert argv[3:12] == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca",
+                          "async_mpi_finalize", "1", "-x"]
     assert x_values(argv) == ["RIPPLES_FAULT_TOLERANT=1"]
     argv, _ = build(["-np", "4", "python", "t.py"], cpu_count=4)
     assert "--with-ft" not in argv and not x_values(argv)

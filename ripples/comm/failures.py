@@ -23,6 +23,12 @@ So ``MPIEXEC_ARGS`` (``ripplesrun --fault-tolerant``) run over ``tcp,self``: a c
 seen at once. A rank that hangs without dying is not a process failure to MPI: ripples'
 liveness check names it in a ``RipplesTimeoutError`` instead (no recovery).
 
+They also set ``async_mpi_finalize``: after a death, 1 of 3 four-rank jobs hung at exit,
+every survivor inside ``MPI_Finalize`` waiting for the job-wide PMIx fence that the dead
+rank never joins (gdb: ``ompi_mpi_finalize`` polling in ``usleep``). With ULFM on,
+``MPI_Finalize`` first shrinks the world and runs a barrier among the survivors, which
+flushes their messages; the fence after it is what the setting skips.
+
 mpi4py is imported inside the functions: the launcher reads ``MPIEXEC_ARGS`` without
 initializing MPI.
 """
@@ -32,7 +38,8 @@ import functools
 import os
 from typing import Iterable, List, Tuple
 
-MPIEXEC_ARGS = ("--with-ft", "ulfm", "--mca", "btl", "tcp,self")
+MPIEXEC_ARGS = ("--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "async_mpi_finalize",
+                "1")
 
 
 
@@ -51,6 +58,16 @@ def ulfm_active(environ=None) -> bool:
     environ = os.environ if environ is None else environ
     enabled = environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
     return enabled and hasattr(MPI.Comm, "Shrink") and bool(_failure_classes())
+
+
+def missing_launch_settings(environ=None) -> List[str]:
+    """The ``--mca`` settings of ``MPIEXEC_ARGS`` this process was not started with, as
+    ``"name value"`` texts (empty when all are there)."""
+    environ = os.environ if environ is None else environ
+    settings = zip(MPIEXEC_ARGS, MPIEXEC_ARGS[1:], MPIEXEC_ARGS[2:])
+    wanted = [(name, value) for flag, name, value in settings if flag == "--mca"]
+    return [f"--mca {name} {value}" for name, value in wanted
+            if environ.get(f"OMPI_MCA_{name}") != value]
 
 
 def is_process_failure(error: BaseException) -> bool:

@@ -23,8 +23,10 @@ import torch
 from mpi4py import MPI
 
 from ripples.comm.control import Decision, Record, missing_description, negotiate
+from ripples.comm.mpi import Deadline
 from ripples.errors import RipplesError, RipplesTimeoutError
 from ripples.ops.handles import Handle
+from ripples.ops.ring_allreduce import PeerRing
 
 Pair = Tuple[torch.Tensor, torch.Tensor]
 
@@ -213,7 +215,11 @@ class Engine:
         if len(group) == 1:
             self._execute(comm, group, 1, batch)
             return True
-        record = Record(group, comm is None, -1, any(r.handle.blocking for r in batch),
+        ring = self._ring(group)
+        # Over the ring, only what the ring cannot carry needs the group's communicator.
+        need_create = comm is None and (ring is None or any(_needs_communicator(r)
+                                                            for r in batch))
+        record = Record(group, need_create, -1, any(r.handle.blocking for r in batch),
                         [(r.name, r.signature, r.wire) for r in batch])
         what = batch[0].what
         start = rt.timeline.now() if rt.timeline.enabled else 0.0
@@ -242,7 +248,7 @@ class Engine:
         by_name = {r.name: r for r in batch}
         for name, error in decision.failed.items():
             self._fail_unmatched([by_name[name]], error)
-        self._execute(comm, group, decision.active, [by_name[n] for n in decision.run])
+        self._execute(comm, group, decision.active, [by_name[n] for n in decision.run], ring)
         progressed = bool(decision.run or decision.failed)
         if not progressed:
             self._expire(batch, decision)
@@ -278,10 +284,28 @@ class Engine:
             else:
                 self._fail_unmatched([request], error)
 
-    def _execute(self, comm, group, active: int, requests: List[Request]) -> None:
+    def _ring(self, group) -> Optional[PeerRing]:
+        """The point-to-point ring of ``group``, when groups all-reduce that way
+        (``Config.group_allreduce``); None for the world and for per-group communicators."""
+        rt = self._rt
+        if group == rt.world_group or not rt.config.ring_groups:
+            return None
+        config = rt.config
+        return PeerRing(rt.peers, group, rt.rank,
+                        lambda describe, missing: Deadline(
+                            config.timeout_s, config.stall_warning_s, describe,
+                            lambda: missing, rt.liveness))
+
+    def _execute(self, comm, group, active: int, requests: List[Request],
+                 ring: Optional[PeerRing] = None) -> None:
+        """Run agreed ``requests``: fused all-reduces over ``ring`` when given (host tensors),
+        everything else over ``comm``."""
+        def reduce(members: List[Request]) -> None:
+            carrier = comm if ring is None or _needs_communicator(members[0]) else ring
+            self._reduce_fused(carrier, group, active, members)
+
         if len(requests) == 1 and requests[0].pair is not None:  # nothing to fuse with
-            self._perform(requests, group, lambda: self._reduce_fused(comm, group, active,
-                                                                      requests))
+            self._perform(requests, group, lambda: reduce(requests))
             return
         threshold = max(1, self._rt.config.fusion_threshold_bytes)
         i = 0
@@ -296,8 +320,7 @@ class Engine:
                 j += 1
             for chunk in fusion_chunks([r.nbytes for r in requests[i:j]], threshold):
                 members = [requests[i + k] for k in chunk]
-                self._perform(members, group, lambda m=members: self._reduce_fused(
-                    comm, group, active, m))
+                self._perform(members, group, lambda m=members: reduce(m))
             i = j
 
     def _perform(self, requests: List[Request], group, action: Callable[[], None]) -> None:
@@ -459,6 +482,12 @@ class _WaitedHere:
 
     def __exit__(self, *exc_info) -> None:
         self._here.waiting = False
+
+
+def _needs_communicator(request: Request) -> bool:
+    """Whether ``request`` runs on the group's communicator even when groups all-reduce
+    over the ring: anything but an all-reduce, and device tensors (NCCL / CUDA-aware MPI)."""
+    return request.pair is None or request.pair[0].is_cuda
 
 
 def fusion_chunks(sizes: Sequence[int], threshold: int) -> List[List[int]]:

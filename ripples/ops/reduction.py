@@ -18,6 +18,7 @@ from ripples.comm.groups import Group
 from ripples.comm.mpi import as_buffer, mpi_op, reduction_dtype
 from ripples.ops.gpu import reduce_on_gpu
 from ripples.ops.half_allreduce import HALF_DTYPES, allreduce_16bit_
+from ripples.ops.ring_allreduce import PeerRing
 from ripples.reduce_ops import ReduceOp
 
 Pair = Tuple[torch.Tensor, torch.Tensor]  # (input, output); the same tensor for in-place
@@ -91,7 +92,9 @@ def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair]
     a copy; anything else is packed into one fusion buffer (prescale folded into the pack,
     postscale into the unpack). Host float16/bfloat16 Sum and Average are packed into a
     16-bit buffer and summed by ``allreduce_16bit_`` (2 bytes per element on the wire,
-    float32 accumulation); other 16-bit reductions run in a float32 buffer. Integer tensors
+    float32 accumulation); other 16-bit reductions run in a float32 buffer. ``comm`` may
+    be a group's ``PeerRing`` instead (``Config.group_allreduce``): host tensors are then
+    packed into one buffer in the reduction dtype and reduced around the ring. Integer tensors
     are scaled as Horovod does: the product in float64, truncated toward zero.
     """
     dtype = pairs[0][0].dtype
@@ -99,6 +102,9 @@ def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair]
     post = postscale / active if op is ReduceOp.AVERAGE else postscale
     if pairs[0][0].is_cuda:
         reduce_on_gpu(runtime, comm, group, pairs, op, active, prescale, postscale, mpi_operation)
+        return
+    if isinstance(comm, PeerRing):
+        _reduce_over_ring(runtime, comm, pairs, mpi_operation, prescale, post)
         return
     if not (dtype.is_floating_point or dtype is torch.bool):
         _reduce_integers(runtime, comm, len(group), pairs, mpi_operation, prescale, post)
@@ -128,6 +134,25 @@ def reduce_requests(runtime, comm, group: Group, active: int, requests) -> None:
     op, prescale, postscale = requests[0].reduce
     reduce_pairs(runtime, comm, group, active, [r.pair for r in requests], op, prescale,
                  postscale)
+
+
+def _reduce_over_ring(runtime, ring: PeerRing, pairs: Sequence[Pair], operation, prescale,
+                      post) -> None:
+    """The host reduction of ``pairs`` over a group's point-to-point ring: one buffer in the
+    reduction dtype (float32 for 16-bit floats, so partial sums keep full precision), with
+    integers scaled as in ``_reduce_integers``."""
+    dtype = pairs[0][0].dtype
+    integer = not (dtype.is_floating_point or dtype is torch.bool)
+    sources = [p[0] if prescale == 1.0 or not integer else _scaled_integers(p[0], prescale)
+               for p in pairs]
+    targets = [p[1] for p in pairs]
+    buffer = runtime.buffers.get(reduction_dtype(dtype), sum(s.numel() for s in sources))
+    kernels.pack(sources, buffer, scale=1.0 if integer else prescale)
+    ring.allreduce_(buffer, operation)
+    kernels.unpack(buffer, targets, scale=1.0 if integer else post)
+    if integer and post != 1.0:
+        for target in targets:
+            target.copy_(_scaled_integers(target, post))
 
 
 def _reduce_one(comm, source: torch.Tensor, target: torch.Tensor, operation, group_size: int):
