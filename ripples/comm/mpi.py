@@ -102,8 +102,26 @@ class Deadline:
 
 
 def wait_all(requests: Sequence[MPI.Request], deadline: Deadline) -> None:
-    """Wait until all ``requests`` complete or the deadline passes (see ``poll_until``)."""
-    poll_until(lambda: MPI.Request.Testall(requests), deadline)
+    """Wait until all ``requests`` complete or the deadline passes (see ``poll_until``).
+
+    A request that fails raises its own error (e.g. ``ERR_PROC_FAILED`` when the peer
+    died), not the ``ERR_IN_STATUS`` that ``Testall`` reports for it.
+    """
+    statuses = [MPI.Status() for _ in requests]
+
+    def test_all() -> bool:
+        try:
+            return MPI.Request.Testall(requests, statuses)
+        except MPI.Exception as error:
+            if error.Get_error_class() != MPI.ERR_IN_STATUS:
+                raise
+            failed = [s.Get_error() for s in statuses
+                      if s.Get_error() not in (MPI.SUCCESS, MPI.ERR_PENDING)]
+            if not failed:
+                raise
+            raise MPI.Exception(failed[0]) from error
+
+    poll_until(test_all, deadline)
 
 
 def poll_until(done: Callable[[], bool], deadline: Deadline,

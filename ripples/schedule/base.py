@@ -27,6 +27,10 @@ class Schedule(abc.ABC):
     """
 
     kind = ""  # the name make_schedule knows it by; a schedule of the user's has its class name
+    # Whether the groups of a step are a function of the step, so that all ranks must reach
+    # each step together (static, random). A schedule that forms groups from the ranks that
+    # ask (the generator) sets False.
+    lockstep = True
 
     def __init__(self, rank: int, size: int):
         self.rank = rank

@@ -181,6 +181,7 @@ class GeneratorSchedule(Schedule):
     """
 
     kind = "generator"
+    lockstep = False  # groups form from the ranks that ask, whatever their step
 
     def __init__(self, comm, group_size: int, seed: int = 0, policy: str = "ready",
                  timeout_s: float = 60.0, batch: int = 1, poll_interval_s: float = 1e-4,

@@ -11,6 +11,7 @@ import logging
 from typing import Callable, List, Optional, Tuple
 
 import torch
+from mpi4py import MPI
 
 from ripples.errors import RanksFailedError
 from ripples.ops.partial import grouped_partial_allreduce_
@@ -128,7 +129,8 @@ class DecentralizedOptimizer(WrappedOptimizer):
         # Builds the schedule for the current world: after dead ranks (fault-tolerant mode)
         # the survivors schedule among themselves. None for a Schedule object the user gave.
         self._new_schedule = new_schedule
-        self._sync_base = 0  # the sync count the schedule's step 0 fell on
+        self._sync_base = 0  # the sync count the schedule's step 0 falls on
+        self._in_sync = False
         self.schedule_generation = self._runtime.generation
         self._snapshot: Optional[List[torch.Tensor]] = None
         self._model = model
@@ -165,8 +167,9 @@ class DecentralizedOptimizer(WrappedOptimizer):
 
     def _sync(self) -> None:
         rt = self._runtime
-        if self._sync_base is None:  # the first sync in a new world: its step 0
-            self._sync_base = self._syncs
+        if self._syncs < self._sync_base:
+            return  # behind the survivors' common start after a death (see _new_world)
+        self._in_sync = True
         try:
             with self.metrics.waiting():  # asking the generator is waiting too
                 assignments = self.schedule.groups_for_step(self._syncs - self._sync_base)
@@ -175,6 +178,8 @@ class DecentralizedOptimizer(WrappedOptimizer):
             raise
         except Exception as exc:  # e.g. the generator's communicator revoked after a death
             raise rt.raised(exc, self.schedule_generation) from exc
+        finally:
+            self._in_sync = False
 
     def _run(self, assignments) -> None:
         if assignments:
@@ -229,7 +234,14 @@ class DecentralizedOptimizer(WrappedOptimizer):
                 f"schedule name ({list(SCHEDULES)}) to survive dead ranks")
         self.schedule = self._new_schedule()
         self.schedule_generation = self._runtime.generation
-        self._sync_base = None
+        # Survivors learn of a death in different syncs (a rank whose group held the dead
+        # one fails at once; others may sync among themselves first). A lockstep schedule
+        # (static, random) needs them at the same step, so they agree on where it starts:
+        # the latest next sync of any of them. Ranks behind it train without syncing until
+        # there, and every survivor ends its loop at the same step of the new schedule.
+        next_sync = self._syncs + (1 if self._in_sync else 0)
+        self._sync_base = (self._runtime.world.allreduce(next_sync, op=MPI.MAX)
+                           if self.schedule.lockstep else next_sync)
         if self._left:
             self.schedule.leave()
 
