@@ -67,6 +67,10 @@ def test_elastic_all_reduce_rolls_back_to_the_last_commit_and_goes_on():
     result, survivors = train_through_a_death(4, "elastic", "-", 2, 12)
     # the global callback (new size), then TorchState's reset callback
     check_survivors(result, survivors, 4, 2, "3,-1")
+    # a process set of the first world is refused, one added again works
+    outcomes = sorted(re.findall(r"PROCESS_SET rank=(\d) outcome=(\S+)", result.stdout))
+    assert outcomes == [("0", "refused,sum=2"), ("1", "refused,sum=2"), ("2", "refused")], \
+        result.stdout
     twins = re.findall(r"TWIN rank=\d max_difference=(\S+)", result.stdout)
     assert len(twins) == 3, result.stdout
     # equal to one process averaging all 4 ranks' gradients up to the commit at step 10,

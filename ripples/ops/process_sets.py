@@ -27,6 +27,7 @@ class ProcessSet:
     def __init__(self, ranks_or_comm=None):
         self.process_set_id: Optional[int] = None
         self._ranks: Optional[Tuple[int, ...]] = None
+        self._generation: Optional[int] = None  # the world its ranks are of (Runtime.generation)
         self.mpi_comm: Optional[MPI.Comm] = None
         if ranks_or_comm is None:
             return
@@ -58,8 +59,23 @@ class ProcessSet:
         return self._ranks is None and self.mpi_comm is None
 
     def group(self) -> Tuple[int, ...]:
-        """The sorted world ranks of the set (checked against the world size)."""
+        """The sorted world ranks of the set (checked against the world size).
+
+        Raises ValueError once ranks have died (fault-tolerant mode) since the set was first
+        used: its ranks are those of the old world, which the survivors renumbered."""
         rt = _runtime.current()
+        if not self.is_global():
+            if self._generation is None:
+                self._generation = rt.generation
+            elif self._generation != rt.generation:
+                died = list(rt.last_failure.failed) if rt.last_failure is not None else "some"
+                ranks = list(self._ranks) if self._ranks is not None else "of a communicator"
+                raise ValueError(
+                    f"process set {self.process_set_id} (ranks {ranks}) was made for the "
+                    f"world before rank(s) {died} died "
+                    f"(on rank {rt.rank}); its ranks are that world's, and the survivors have "
+                    "new ranks. remove_process_set() it and add the set again with ranks of "
+                    "the current world (an hvd.on_reset callback is the place)")
         if self.mpi_comm is not None and self._ranks is None:
             self._ranks = _world_ranks_of(self.mpi_comm, rt)
         if self._ranks is None:

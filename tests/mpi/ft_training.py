@@ -72,6 +72,7 @@ if mode == "decentralized":
 else:
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                          named_parameters=model.named_parameters())
+    pair = hvd.add_process_set([0, 1])  # of the first world: refused after the death
     state = hvd.elastic.TorchState(model, optimizer, step=0, done=0)
     state.register_reset_callbacks([lambda: resets.append(-1)])
 
@@ -90,6 +91,17 @@ else:
 
     train(state)
     done = state.done
+    try:
+        hvd.allreduce(torch.ones(1), process_set=pair)
+        outcome = "used"
+    except ValueError as error:
+        outcome = "refused" if f"rank(s) [{dead_rank}] died" in str(error) else repr(error)
+    hvd.remove_process_set(pair)
+    pair = hvd.add_process_set([0, 1])  # of the survivors' world
+    if hvd.rank() in (0, 1):
+        total = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=pair).item()
+        outcome += f",sum={total:g}"
+    print(f"PROCESS_SET rank={hvd.rank()} outcome={outcome}", flush=True)
     hvd.join()
     final_loss = loss_of(model)
     # The same training in one process: every rank of the first world averages its
