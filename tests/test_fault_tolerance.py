@@ -1,6 +1,7 @@
 """Surviving dead ranks (``Config.fault_tolerant`` under Open MPI's ULFM): the survivors
 shrink the world and finish training, in decentralized mode with their own models and in
 all-reduce mode through ``hvd.elastic.run``, rolled back to the last commit."""
+import json
 import os
 import re
 import sys
@@ -76,6 +77,19 @@ def test_elastic_all_reduce_rolls_back_to_the_last_commit_and_goes_on():
     # equal to one process averaging all 4 ranks' gradients up to the commit at step 10,
     # and the 3 survivors' from there (the steps 10 and 11 done before the death are redone)
     assert all(float(gap) < 1e-5 for gap in twins), twins
+
+
+def test_elastic_sampler_gives_every_sample_once_through_a_death():
+    """4 ranks, batches of 2, commits every 2 batches; rank 2 dies at its batch 7, after
+    the commit of batch 5: 48 samples were processed, 12 of them by rank 2 (its share
+    2, 6, 10, ...). The survivors redo batch 6 and share the other 48 samples."""
+    result, survivors = train_through_a_death(4, "sampler", "-", 2, 7)
+    assert sorted(int(s["old_rank"]) for s in survivors) == [0, 1, 3], result.stdout
+    dead_rank_committed = list(range(2, 96, 4))[:12]
+    for trained in re.findall(r"SAMPLES rank=\d trained=(\[.*\])", result.stdout):
+        # exactly once: the survivors' committed samples and the dead rank's
+        assert sorted(json.loads(trained) + dead_rank_committed) == list(range(96)), trained
+    assert len(re.findall("SAMPLES", result.stdout)) == 3, result.stdout
 
 
 def test_fault_tolerant_without_ulfm_is_refused_on_every_rank():

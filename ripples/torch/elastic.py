@@ -134,6 +134,17 @@ class TorchState(State):
         self._saved_samplers: dict = {}
         self.save()
 
+    def commit(self) -> None:
+        """Save the state. With an ``ElasticSampler`` among the attributes this is
+        collective (every rank commits at the same point, as in all-reduce training): the
+        samples every rank has processed are merged first, so that a rank dying later does
+        not take the record of its processed samples with it (they are not processed
+        twice)."""
+        for sampler in self._samplers.values():
+            # Only the record: this epoch's partition (being iterated) stays as it is.
+            sampler.processed_indices = _processed_by_all(sampler)
+        super().commit()
+
     def _inner_optimizer(self):
         optimizer = self.optimizer
         return optimizer.optimizer if isinstance(optimizer, OptimizerWrapper) else optimizer
@@ -165,8 +176,7 @@ class TorchState(State):
             broadcast_optimizer_state(self._inner_optimizer(), root_rank=0)
         for sampler in self._samplers.values():
             # Every rank's processed samples count, and rank 0's epoch.
-            processed = {i for part in allgather_object(sorted(sampler.processed_indices))
-                         for i in part}
+            processed = _processed_by_all(sampler)
             epoch = broadcast_object(sampler.epoch, root_rank=0)
             sampler.load_state_dict({"epoch": epoch, "processed_indices": sorted(processed)})
         super().sync()
@@ -235,6 +245,11 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+def _processed_by_all(sampler: "ElasticSampler") -> set:
+    """The samples every rank's ``sampler`` has processed this epoch (collective)."""
+    return {i for part in allgather_object(sorted(sampler.processed_indices)) for i in part}
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -5,7 +5,8 @@ usage: ft_training.py MODE SCHEDULE DEAD_RANK DIE_AT_STEP STEPS
 MODE ``decentralized``: ``DistributedOptimizer(sync="ripples", schedule=SCHEDULE)``; the
 survivors keep their models and go on. MODE ``elastic``: all-reduce training inside
 ``hvd.elastic.run`` with a ``TorchState`` committed every 5 steps; the survivors roll back
-to the last commit. Rank DEAD_RANK calls ``os._exit(1)`` at step DIE_AT_STEP.
+to the last commit. MODE ``sampler``: one epoch through an ``ElasticSampler`` inside
+``hvd.elastic.run``; the survivors share the samples not processed at the last commit. Rank DEAD_RANK calls ``os._exit(1)`` at step DIE_AT_STEP.
 
 Each survivor prints ``SURVIVOR rank=R old_rank=O size=S resets=N steps=K loss0=.. loss=..
 checksum=..`` after ``join()``.
@@ -69,6 +70,45 @@ if mode == "decentralized":
     hvd.join()
     averaged = hvd.average_model(model)
     final_loss = loss_of(averaged)
+elif mode == "sampler":
+    # One epoch of 96 samples in batches of 2 through an ElasticSampler, committed every 2
+    # batches; DIE_AT_STEP is the dead rank's batch. Each rank keeps the samples it trained
+    # on up to its last commit (what ran after it is rolled back and redone).
+    dataset = torch.utils.data.TensorDataset(inputs[:96], torch.arange(96))
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=False)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, sampler=sampler)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler)
+    committed, pending = [], []
+    state.register_reset_callbacks([pending.clear])
+
+    def commit():
+        committed.extend(pending)
+        pending.clear()
+        state.commit()
+
+    @hvd.elastic.run
+    def train(state):
+        for batch_idx, (x, index) in enumerate(loader):
+            if hvd.size() == old_size:
+                maybe_die(batch_idx)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), targets[index]).backward()
+            optimizer.step()
+            pending.extend(index.tolist())
+            sampler.record_batch(batch_idx, 2)
+            if batch_idx % 2 == 1:
+                commit()
+        commit()
+
+    train(state)
+    done = len(committed)
+    everyone = hvd.allgather_object(committed)
+    print(f"SAMPLES rank={hvd.rank()} trained={sorted(i for part in everyone for i in part)}",
+          flush=True)
+    hvd.join()
+    final_loss = loss_of(model)
 else:
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                          named_parameters=model.named_parameters())
