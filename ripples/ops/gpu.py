@@ -7,6 +7,7 @@ Not exercised on these machines (no GPU); the GPU tests run it where a GPU exist
 """
 from __future__ import annotations
 
+import torch
 from mpi4py import MPI
 
 from ripples import kernels
@@ -14,21 +15,52 @@ from ripples.reduce_ops import ReduceOp
 
 _NCCL_OPS = {ReduceOp.SUM: "sum", ReduceOp.AVERAGE: "sum", ReduceOp.MIN: "min",
              ReduceOp.MAX: "max", ReduceOp.PRODUCT: "prod"}
+# bool travels as uint8 0/1, as on the host: "sum" is logical or, "product" logical and
+# (NCCL's sum of uint8 could wrap past 255, and its backend rejects bool sums).
+_NCCL_BOOL_OPS = {ReduceOp.SUM: "max", ReduceOp.MAX: "max", ReduceOp.MIN: "min",
+                  ReduceOp.PRODUCT: "min"}
+
+
+def gpu_path() -> str:
+    """How this rank reduces CUDA tensors: ``"nccl"`` or ``"mpi"`` (CUDA-aware MPI). Part
+    of every CUDA all-reduce's signature, so members that would take different paths (one
+    lacks cupy) get ``MismatchError`` instead of waiting on each other for good."""
+    from ripples.comm.nccl import nccl_available
+    return "nccl" if nccl_available() else "mpi"
+
+
+def nccl_operation(op: ReduceOp, dtype: torch.dtype, active: int, members: int) -> str:
+    """The NCCL op for ``op`` on ``dtype``: "avg" when every member contributes to an
+    Average (NCCL divides in the same pass), the host's bool mapping for bool tensors."""
+    if dtype is torch.bool:
+        return _NCCL_BOOL_OPS[op]
+    if op is ReduceOp.AVERAGE and active == members:
+        return "avg"
+    return _NCCL_OPS[op]
 
 
 class NcclCache:
-    """NCCL communicators keyed by group, each tied to the MPI communicator it came from."""
+    """NCCL communicators keyed by group, each tied to the MPI communicator it came from
+    and built on the device of the first tensor that needed it."""
 
     def __init__(self):
         self._entries: dict = {}
 
-    def get(self, group, mpi_comm):
+    def get(self, group, mpi_comm, device: torch.device):
+        """``group``'s NCCL communicator on ``device`` (built over ``mpi_comm``, collective
+        over its members, the first time). Raises ValueError when the group's communicator
+        is on another device: each rank must keep its tensors of a group on one GPU."""
         from ripples.comm.nccl import NcclCommunicator
         entry = self._entries.get(group)
         if entry is not None and entry[0] is mpi_comm:
+            if entry[1].device != device:
+                raise ValueError(
+                    f"a CUDA collective on group {group} got a tensor on {device}, but this "
+                    f"rank's NCCL communicator of the group is on {entry[1].device}: keep "
+                    "each rank's tensors on one GPU (torch.cuda.set_device(local_rank))")
             return entry[1]
         self.drop(group)
-        nccl = NcclCommunicator.from_mpi(mpi_comm)
+        nccl = NcclCommunicator.from_mpi(mpi_comm, device=device)
         self._entries[group] = (mpi_comm, nccl)
         return nccl
 
@@ -45,7 +77,6 @@ class NcclCache:
 def reduce_on_gpu(runtime, comm, group, pairs, op: ReduceOp, active: int, prescale: float,
                   postscale: float, mpi_operation) -> None:
     """All-reduce CUDA ``pairs`` (inputs into outputs) over ``group``: one fused buffer."""
-    from ripples.comm.nccl import nccl_available
     source = pairs[0][0]
     total = sum(p[0].numel() for p in pairs)
     single = len(pairs) == 1 and prescale == 1.0 and all(t.is_contiguous() for t in pairs[0])
@@ -58,14 +89,31 @@ def reduce_on_gpu(runtime, comm, group, pairs, op: ReduceOp, active: int, presca
         kernels.pack([p[0] for p in pairs], buffer, scale=prescale)
     post = postscale / active if op is ReduceOp.AVERAGE else postscale
     if len(group) > 1:
-        if nccl_available():
-            nccl_op = _NCCL_OPS[op]
-            if op is ReduceOp.AVERAGE and active == len(group):
-                nccl_op, post = "avg", postscale  # NCCL averages in the same pass
-            runtime.nccl.get(group, comm).allreduce(buffer, buffer, nccl_op)
-        else:  # CUDA-aware MPI reads device memory through __cuda_array_interface__
-            comm.Allreduce(MPI.IN_PLACE, buffer, op=mpi_operation)
+        if gpu_path() == "nccl":
+            nccl_op = nccl_operation(op, source.dtype, active, len(group))
+            if nccl_op == "avg":
+                post = postscale  # NCCL averaged in the same pass
+            wire = buffer.view(torch.uint8) if source.dtype is torch.bool else buffer
+            runtime.nccl.get(group, comm, source.device).allreduce(wire, wire, nccl_op)
+        else:
+            _allreduce_with_cuda_aware_mpi(comm, buffer, mpi_operation)
     if single:
         kernels.scale_(buffer, post)
     else:
         kernels.unpack(buffer, [p[1] for p in pairs], scale=post)
+
+
+def _allreduce_with_cuda_aware_mpi(comm, buffer: torch.Tensor, mpi_operation) -> None:
+    """MPI reads device memory through ``__cuda_array_interface__``, outside torch's
+    streams: the work queued on the buffer must be finished first. MPI has no bfloat16
+    (and no reliable float16 reduction): those are reduced in a float32 copy, and bool
+    as uint8."""
+    torch.cuda.current_stream(buffer.device).synchronize()
+    if buffer.dtype in (torch.float16, torch.bfloat16):
+        wide = buffer.float()
+        torch.cuda.current_stream(buffer.device).synchronize()
+        comm.Allreduce(MPI.IN_PLACE, wide, op=mpi_operation)
+        buffer.copy_(wide)
+    else:
+        wire = buffer.view(torch.uint8) if buffer.dtype is torch.bool else buffer
+        comm.Allreduce(MPI.IN_PLACE, wire, op=mpi_operation)

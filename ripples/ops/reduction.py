@@ -16,7 +16,7 @@ from mpi4py import MPI
 from ripples import kernels
 from ripples.comm.groups import Group
 from ripples.comm.mpi import as_buffer, mpi_op, reduction_dtype
-from ripples.ops.gpu import reduce_on_gpu
+from ripples.ops.gpu import gpu_path, reduce_on_gpu
 from ripples.ops.half_allreduce import HALF_DTYPES, allreduce_16bit_
 from ripples.ops.ring_allreduce import PeerRing
 from ripples.reduce_ops import ReduceOp
@@ -74,11 +74,15 @@ def allreduce_wire(what: str, op: ReduceOp, tensor: torch.Tensor, prescale: floa
 def _allreduce_texts(what, op, dtype, shape, is_cuda, prescale, postscale) -> Tuple[str, str]:
     operation = next(n for n, o in _OP_NAMES.items() if o == mpi_op(op, dtype))
     numel = math.prod(shape)
-    key = f"{what}:{str(dtype)[6:]}:{op}:{prescale!r}:{postscale!r}:" \
-          f"{'cuda' if is_cuda else 'cpu'}"
+    # Members must reduce device tensors the same way (NCCL or CUDA-aware MPI): the path
+    # is part of the signature, so a member without NCCL is a mismatch, not a hang.
+    device = f"cuda/{gpu_path()}" if is_cuda else "cpu"
+    key = f"{what}:{str(dtype)[6:]}:{op}:{prescale!r}:{postscale!r}:{device}"
     sent = str(_sent_dtype(op, dtype, is_cuda))[6:]
     wire = f"allreduce|{key}|{operation}|{sent}|{numel}|{numel * dtype.itemsize}"
     sig = f"{signature(what, op, dtype, [shape])} pre={prescale!r} post={postscale!r}"
+    if is_cuda:
+        sig += f" on {device}"
     return sig, wire
 
 

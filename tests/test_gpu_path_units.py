@@ -1,0 +1,49 @@
+"""The decisions of the CUDA all-reduce path that need no GPU: the NCCL op for each
+ReduceOp and dtype, the path in the signature (members must agree on it), and one NCCL
+communicator device per group. The data movement itself runs in the GPU tests."""
+import pytest
+import torch
+
+from ripples.ops import gpu, reduction
+from ripples.reduce_ops import ReduceOp
+
+
+@pytest.mark.parametrize("op,expected", [(ReduceOp.SUM, "max"), (ReduceOp.PRODUCT, "min"),
+                                         (ReduceOp.MIN, "min"), (ReduceOp.MAX, "max")])
+def test_bool_reductions_are_or_and_and_as_on_the_host(op, expected):
+    assert gpu.nccl_operation(op, torch.bool, active=2, members=2) == expected
+
+
+def test_average_is_one_nccl_pass_only_when_every_member_contributes():
+    assert gpu.nccl_operation(ReduceOp.AVERAGE, torch.float32, active=4, members=4) == "avg"
+    # a joined member contributes zeros: sum, then divide by the 3 active ones
+    assert gpu.nccl_operation(ReduceOp.AVERAGE, torch.float32, active=3, members=4) == "sum"
+    assert gpu.nccl_operation(ReduceOp.SUM, torch.float16, active=4, members=4) == "sum"
+    assert gpu.nccl_operation(ReduceOp.PRODUCT, torch.int32, active=4, members=4) == "prod"
+
+
+def test_the_gpu_path_is_part_of_a_cuda_all_reduce_signature(monkeypatch):
+    texts = reduction._allreduce_texts.__wrapped__  # not the cache: the path is patched
+    args = ("allreduce", ReduceOp.SUM, torch.float32, (4,), True, 1.0, 1.0)
+    monkeypatch.setattr(reduction, "gpu_path", lambda: "nccl")
+    with_nccl = texts(*args)
+    monkeypatch.setattr(reduction, "gpu_path", lambda: "mpi")
+    with_mpi = texts(*args)
+    assert with_nccl[0].endswith(" on cuda/nccl") and with_mpi[0].endswith(" on cuda/mpi")
+    assert with_nccl[0] != with_mpi[0] and with_nccl[1] != with_mpi[1]
+    host = texts("allreduce", ReduceOp.SUM, torch.float32, (4,), False, 1.0, 1.0)
+    assert " on " not in host[0] and host[1].split("|")[1].endswith(":cpu")
+
+
+def test_a_group_keeps_its_nccl_communicator_on_one_device():
+    class Built:
+        device = torch.device("cuda", 0)
+
+        def close(self):
+            pass
+
+    cache, mpi_comm = gpu.NcclCache(), object()
+    cache._entries[(0, 1)] = (mpi_comm, Built())
+    assert isinstance(cache.get((0, 1), mpi_comm, torch.device("cuda", 0)), Built)
+    with pytest.raises(ValueError, match=r"group \(0, 1\) got a tensor on cuda:1.*cuda:0"):
+        cache.get((0, 1), mpi_comm, torch.device("cuda", 1))
