@@ -101,5 +101,7 @@ def attach_engine(runtime: _runtime.Runtime) -> None:
         runtime,
         lambda comm, group, active, requests: reduce_requests(runtime, comm, group, active,
                                                               requests),
-        {"allreduce": participate_with_identity, "allgather": allgather_as_joined,
+        {"allreduce": lambda comm, wires: participate_with_identity(comm, wires,
+                                                                    runtime.nccl),
+         "allgather": allgather_as_joined,
          "broadcast": broadcast_as_joined})

@@ -210,12 +210,19 @@ def _scaled_integers(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     return (tensor.to(torch.float64) * factor).trunc().to(tensor.dtype)
 
 
-def participate_with_identity(comm, wires: Sequence[str]) -> None:
+def participate_with_identity(comm, wires: Sequence[str], nccl=None) -> None:
     """Take part in one fused all-reduce of the requests described by ``wires`` (see
-    ``allreduce_wire``), contributing the op's identity: what a joined rank does."""
+    ``allreduce_wire``), contributing the op's identity: what a joined rank does.
+
+    ``comm`` is the world's communicator; ``nccl`` (the runtime's ``NcclCache``) carries
+    the share of an all-reduce the active ranks run over NCCL, on this rank's current GPU.
+    """
     fields = [w.split("|") for w in wires]
     name, dtype_name = fields[0][2], fields[0][3]
     numel = sum(int(f[4]) for f in fields)
+    key = fields[0][1].split(":")
+    if key[-1] == "cuda/nccl":  # NCCL reduces the tensors' own dtype
+        dtype_name = key[1]
     dtype = getattr(torch, dtype_name)
     operation = _OP_NAMES[name]
     if dtype is torch.bool:  # bool travels as uint8 under MAX (or) or MIN (and)
@@ -229,6 +236,13 @@ def participate_with_identity(comm, wires: Sequence[str]) -> None:
     else:
         info = torch.iinfo(dtype)
         fill = info.max if name == "MIN" else info.min
+    if key[-1] == "cuda/nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+        buffer = torch.full((int(numel),), fill, dtype=dtype, device=device)
+        wire = buffer.view(torch.uint8) if dtype is torch.bool else buffer
+        group = tuple(range(comm.Get_size()))
+        nccl.get(group, comm, device).allreduce(wire, wire, name.lower())
+        return
     buffer = torch.full((int(numel),), fill, dtype=dtype)
     if dtype in HALF_DTYPES:
         allreduce_16bit_(comm, buffer)
