@@ -76,9 +76,6 @@ class PeerRing:
                  deadline: Callable[[Callable[[], str], Sequence[int]], Deadline]):
         self.comm, self.group, self.rank, self.deadline = comm, tuple(group), rank, deadline
 
-    def Get_size(self) -> int:  # noqa: N802 (the MPI name, as the communicators it stands for)
-        return len(self.group)
-
     def allreduce_(self, buffer: torch.Tensor, operation) -> None:
         """Replace the 1-D contiguous CPU ``buffer`` by its reduction over the group, in
         place. ``operation``: ``MPI.SUM``, ``MAX``, ``MIN`` or ``PROD`` (bool buffers: MAX
