@@ -408,6 +408,7 @@ def cache_miss(ctx: Context, samples: int) -> Optional[dict]:
         return {"group": len(ctx.part_groups[0]), "note": note} if ctx.rank == 0 else None
     rt = ripples_runtime.current()
     tensor = torch.zeros(2)
+    made_per_miss = 0 if rt.config.ring_groups else 1  # the ring makes no communicator
     miss, hit = [], []
     for _ in range(samples):
         if group is not None:
@@ -416,7 +417,7 @@ def cache_miss(ctx: Context, samples: int) -> Optional[dict]:
         miss.append(timed_block(ctx, (lambda: hvd.partial_allreduce_(tensor, group, op=hvd.Sum))
                                 if group is not None else None, 1))
         made = rt.cache.created - created
-        if group is not None and made != (0 if rt.config.ring_groups else 1):
+        if group is not None and made != made_per_miss:
             raise RuntimeError(f"cache-miss sample made {made} group communicators")
         hit.append(timed_block(ctx, (lambda: hvd.partial_allreduce_(tensor, group, op=hvd.Sum))
                                if group is not None else None, 1))
@@ -427,7 +428,8 @@ def cache_miss(ctx: Context, samples: int) -> Optional[dict]:
     miss_s = rounds["miss"][ranks].max(axis=0)
     hit_s = rounds["hit"][ranks].max(axis=0)
     return {"group": len(ctx.part_groups[0]), "groups": len(ctx.part_groups),
-            "samples": samples, "made_per_miss": 0 if rt.config.ring_groups else 1, "miss_us": float(np.median(miss_s)) * 1e6,
+            "samples": samples, "made_per_miss": made_per_miss,
+            "miss_us": float(np.median(miss_s)) * 1e6,
             "hit_us": float(np.median(hit_s)) * 1e6,
             "miss_minus_hit_us": float(np.median(miss_s - hit_s)) * 1e6,
             "miss_samples_us": (miss_s * 1e6).round(1).tolist()}
