@@ -68,6 +68,31 @@ def test_parameter_averaging_keeps_the_sum_and_gradient_averaging_keeps_agreemen
     assert np.allclose(g.params, g.params[0]) and g.consensus_distance() < 1e-25
 
 
+def test_a_gradient_is_taken_where_its_computation_started():
+    """Asynchronous AD-PSGD averages a passive worker while it computes: its running step's
+    gradient is the one at its parameters before the averaging, applied after it."""
+    start = np.random.default_rng(5).standard_normal((2, SMALL.dim))
+    alone = Workers(SMALL, 2)  # the same gradient draw, with nothing changing the parameters
+    alone.params[:] = start
+    alone.step_done(1)
+    alone.flush()
+    gradient = (start[1] - alone.params[1]) / SMALL.lr  # momentum starts at zero
+    mixed = Workers(SMALL, 2)
+    mixed.params[:] = start
+    mixed.average_parameters((0, 1), computing=(1,))  # worker 1 is mid-computation
+    mixed.step_done(1)
+    mixed.flush()
+    averaged = start.mean(axis=0)
+    assert np.allclose(mixed.params[0], averaged)
+    assert np.allclose(mixed.params[1], averaged - SMALL.lr * gradient)
+    # the gradient at the averaged parameters would differ: the test can tell them apart
+    moved = Workers(SMALL, 2)
+    moved.params[:] = averaged
+    moved.step_done(1)
+    moved.flush()
+    assert not np.allclose(moved.params[1], mixed.params[1])
+
+
 def test_loss_curve_decreases_and_target_is_on_it():
     curve = allreduce_loss_curve(SMALL, 4, 100)
     assert curve[-1] < curve[10] < math.log(2)
@@ -83,7 +108,7 @@ def test_per_step_source_uses_the_schedule_functions():
         ((seq, group),) = source.groups(w, 0)
         assert group == next(g for g in partition if w in g)
         assert seq == partition.index(group)
-    adpsgd = PerStep(dataclasses.replace(scenario, mode="adpsgd"))
+    adpsgd = PerStep(dataclasses.replace(scenario, mode="adpsgd-sync"))
     pairs = adpsgd_pairs(0, 3, 8)
     for w in range(8):
         assert adpsgd.groups(w, 3) == [p for p in pairs if w in p[1]]
@@ -96,7 +121,7 @@ def run(mode, speed=Speed(), workers=8, horizon=20.0, **kw):
 
 
 def test_homogeneous_runs_reach_the_ceiling_without_communication_cost():
-    for mode in ("allreduce", "static", "random", "generator", "adpsgd"):
+    for mode in ("allreduce", "static", "random", "generator", "adpsgd", "adpsgd-sync"):
         result = run(mode)
         assert result.steps_per_s == pytest.approx(80.0, rel=0.02), mode
         assert result.fraction_of_ceiling == pytest.approx(1.0, rel=0.02)
@@ -109,6 +134,30 @@ def test_one_slow_worker_holds_back_allreduce_but_not_the_generator():
     generator = run("generator", slow)
     assert generator.fraction_of_ceiling >= 0.9
     assert generator.steps[7] < generator.steps[0] / 3  # the slow one still steps at its pace
+
+
+def test_asynchronous_adpsgd_is_not_held_back_by_a_slow_worker_but_lock_step_is():
+    slow = Speed("stragglers", count=1, factor=5.0)
+    allreduce, lockstep, asynchronous = (run(m, slow) for m in ("allreduce", "adpsgd-sync",
+                                                                 "adpsgd"))
+    # lock-step pairs chain every worker to the slow one within a few steps
+    assert lockstep.steps_per_s < 1.1 * allreduce.steps_per_s
+    assert asynchronous.fraction_of_ceiling >= 0.95
+    assert asynchronous.steps[7] < asynchronous.steps[0] / 3  # the slow (passive) one too
+    assert asynchronous.groups == sum(asynchronous.steps[w] for w in range(0, 8, 2))
+
+
+def test_a_passive_worker_serves_one_exchange_at_a_time_and_never_waits():
+    # actives 0 and 2 share the only passive worker 1; an exchange takes 0.15 s (2 x 7.5e7
+    # bytes at 1 GB/s), a step 0.1 s. Served one at a time, the passive is busy 0.3 s per
+    # round of two exchanges, so each active steps every 0.3 s (0.25 s if served at once).
+    net = Network(workers_per_node=3, intra=Link(0.0, 1e9))
+    assert net.exchange_s(7.5e7, 1) == pytest.approx(0.15)
+    result = simulate(Scenario("adpsgd", 3, Compute(0.1), network=net, model_bytes=7.5e7,
+                               problem=SMALL, horizon_s=30.0, group_size=2))
+    assert result.steps[0] == pytest.approx(30 / 0.3, abs=2)
+    assert result.steps[2] == pytest.approx(30 / 0.3, abs=2)
+    assert result.steps[1] == pytest.approx(30 / 0.1, abs=1)
 
 
 def test_time_to_target_and_consensus_come_from_the_arithmetic():

@@ -95,7 +95,7 @@ all-reduce reaches after --target-steps synchronous steps. Example:
     g.add_argument("--cross-node-every", type=int, default=4,
                    help="generator-node: every N-th division ignores the nodes")
     g.add_argument("--barrier-every", type=int, default=0,
-                   help="static/random/adpsgd: global barrier before every N-th step (0 = never)")
+                   help="static/random/adpsgd-sync: global barrier before every N-th step (0 = never)")
     g = p.add_argument_group("statistical model and measurement")
     g.add_argument("--target-steps", type=int, default=300,
                    help="target loss = what all-reduce reaches after this many steps")

@@ -6,6 +6,12 @@ next group it holds, asking the generator over the network when it holds none). 
 starts when its last member arrives and lasts the network's cost of its collective; its
 averaging is applied to the members' real parameter vectors (:mod:`.stats`) when it
 ends. Time is the simulator's: the Group Generator reads it as its clock.
+
+Asynchronous AD-PSGD (mode ``"adpsgd"``) has no groups to meet in: an active worker, after
+each step, draws its partner with :func:`ripples.schedule.adpsgd.adpsgd_partner` (as real
+ranks do) and waits for one exchange with it; a passive worker never stops computing, and
+serves the exchanges that reach it one at a time, in arrival order, as its responder
+thread does. The averaging is applied when the exchange ends.
 """
 from __future__ import annotations
 
@@ -16,8 +22,9 @@ import itertools
 import time
 from typing import Callable, Dict, List, Optional
 
+from ..schedule.adpsgd import adpsgd_partner, is_active
 from ..schedule.base import Assignment
-from .scenario import Scenario
+from .scenario import LOCKSTEP_MODES, Scenario
 from .sources import PerStep, make_generator
 from .stats import Workers
 
@@ -87,16 +94,20 @@ class _Run:
         self.step_s = s.compute.seconds
         self.stats = Workers(s.problem, n, seed=s.seed)
         self.gradient_mode = s.mode == "allreduce"
+        self.asynchronous = s.mode == "adpsgd"
         self.generator = (make_generator(s, self.clock) if s.mode.startswith("generator")
                           else None)
-        self.per_step = None if self.generator else PerStep(s)
-        self.barrier = s.barrier_every if s.mode in ("static", "random", "adpsgd") else 0
+        self.per_step = None if self.generator or self.asynchronous else PerStep(s)
+        self.barrier = s.barrier_every if s.mode in LOCKSTEP_MODES else 0
         self.events: list = []
         self.order = itertools.count()
         self.steps = [0] * n
         self.todo = [collections.deque() for _ in range(n)]
         self.held = [collections.deque() for _ in range(n)]  # generator groups not yet due
         self.last_compute = [0.0] * n
+        self.computing = [False] * n
+        self.exchanges = [0] * n  # AD-PSGD exchanges each active worker has started
+        self.responder = [collections.deque() for _ in range(n)]  # active workers queued at a passive one
         self.arrived: Dict[int, int] = collections.defaultdict(int)
         self.at_barrier: Dict[int, int] = collections.defaultdict(int)
         self.node_flows = collections.Counter()  # multi-node collectives in flight per node
@@ -118,7 +129,8 @@ class _Run:
             self.begin_step(w)
         handlers = {"computed": self.computed, "averaged": self.averaged,
                     "barrier": self.barrier_done, "request": self.request_arrives,
-                    "answer": self.answer_arrives, "wake": self.wake}
+                    "answer": self.answer_arrives, "wake": self.wake,
+                    "exchanged": self.exchanged}
         end = s.horizon_s
         while self.events:
             at = self.events[0][0]
@@ -159,6 +171,7 @@ class _Run:
     def start_compute(self, w: int) -> None:
         t = self.step_s * self.speed.factor(w)
         self.last_compute[w] = t
+        self.computing[w] = True
         self.push(self.clock.now + t, "computed", w)
 
     def barrier_done(self, step: int) -> None:
@@ -167,8 +180,11 @@ class _Run:
 
     def computed(self, w: int) -> None:
         self.steps[w] += 1
+        self.computing[w] = False
         self.stats.step_done(w)
-        if self.generator is None:
+        if self.asynchronous:
+            self.exchange_or_step(w)
+        elif self.generator is None:
             self.todo[w].extend(self.per_step.groups(w, self.steps[w] - 1))
             self.proceed(w)
         elif self.held[w]:
@@ -192,22 +208,31 @@ class _Run:
             del self.arrived[seq]
             self.start_group(seq, group, w)
 
-    def start_group(self, seq: int, group: tuple, last: int) -> None:
-        net = self.s.network
-        nodes = net.nodes(group) if len(group) > 1 else ()
-        sharing = 1
-        if len(nodes) > 1:
-            sharing = 1 + max(self.node_flows[node] for node in nodes)
-            for node in nodes:
-                self.node_flows[node] += 1
-        cost = net.allreduce_s(self.s.model_bytes, len(group), len(nodes), sharing)
-        if self.gradient_mode and self.s.overlap:
-            cost = max(cost - self.s.overlap * self.last_compute[last], 0.0)
-        self.push(self.clock.now + cost, "averaged", seq, group, nodes if len(nodes) > 1 else ())
+    def occupy_links(self, members: tuple) -> tuple:
+        """The nodes a transfer among ``members`` spans, and the share of their inter-node
+        links it gets; counts it on those links when it spans several nodes."""
+        nodes = self.s.network.nodes(members) if len(members) > 1 else ()
+        if len(nodes) <= 1:
+            return (), 1
+        sharing = 1 + max(self.node_flows[node] for node in nodes)
+        for node in nodes:
+            self.node_flows[node] += 1
+        return tuple(nodes), sharing
 
-    def averaged(self, seq: int, group: tuple, nodes) -> None:
+    def release_links(self, nodes: tuple) -> None:
         for node in nodes:
             self.node_flows[node] -= 1
+
+    def start_group(self, seq: int, group: tuple, last: int) -> None:
+        nodes, sharing = self.occupy_links(group)
+        cost = self.s.network.allreduce_s(self.s.model_bytes, len(group), max(len(nodes), 1),
+                                          sharing)
+        if self.gradient_mode and self.s.overlap:
+            cost = max(cost - self.s.overlap * self.last_compute[last], 0.0)
+        self.push(self.clock.now + cost, "averaged", seq, group, nodes)
+
+    def averaged(self, seq: int, group: tuple, nodes) -> None:
+        self.release_links(nodes)
         if self.gradient_mode:
             self.stats.average_gradients(group)
         else:
@@ -217,6 +242,35 @@ class _Run:
         for w in group:
             self.todo[w].popleft()
             self.proceed(w)
+
+    # -- asynchronous AD-PSGD -----------------------------------------------------
+    def exchange_or_step(self, w: int) -> None:
+        partner = (adpsgd_partner(self.s.seed, w, self.exchanges[w], self.s.workers)
+                   if is_active(w) else None)
+        if partner is None:  # a passive worker, or no passive worker to pair with
+            self.begin_step(w)
+            return
+        self.exchanges[w] += 1
+        self.responder[partner].append(w)
+        if len(self.responder[partner]) == 1:
+            self.start_exchange(partner)
+
+    def start_exchange(self, passive: int) -> None:
+        active = self.responder[passive][0]
+        nodes, sharing = self.occupy_links((active, passive))
+        cost = self.s.network.exchange_s(self.s.model_bytes, max(len(nodes), 1), sharing)
+        self.push(self.clock.now + cost, "exchanged", active, passive, nodes)
+
+    def exchanged(self, active: int, passive: int, nodes: tuple) -> None:
+        self.release_links(nodes)
+        self.stats.average_parameters((active, passive),
+                                      computing=(passive,) if self.computing[passive] else ())
+        self.groups += 1
+        self.group_members += 2
+        self.responder[passive].popleft()
+        if self.responder[passive]:
+            self.start_exchange(passive)
+        self.begin_step(active)
 
     # -- the generator -------------------------------------------------------------
     def request_arrives(self, w: int) -> None:

@@ -10,6 +10,8 @@ direction, so every step of it waits for one inter-node transfer):
 * tree all-reduce: ``2 ceil(log2 g)`` latencies plus ``2 b / bandwidth`` (reduce then
   broadcast, pipelined in chunks so the bytes cross each link about twice);
 * a P-Reduce of a group is the same all-reduce over the group's members;
+* an AD-PSGD exchange sends the whole model from the active worker to the passive one and
+  the passive one's back: two messages of ``b`` bytes, one after the other;
 * every collective also pays ``overhead_s`` once (the software cost of launching it,
   measured for ripples by ``benchmarks/collectives.py``).
 
@@ -78,6 +80,13 @@ class Network:
         else:
             cost = 2 * math.ceil(math.log2(members)) * link.latency_s + 2 * nbytes / bandwidth
         return self.overhead_s + cost
+
+    def exchange_s(self, nbytes: float, nodes: int, sharing: int = 1) -> float:
+        """Seconds of an AD-PSGD exchange of ``nbytes`` between two workers on ``nodes``
+        nodes (1 or 2) whose inter-node links are each shared by ``sharing`` transfers."""
+        link = self.intra if nodes <= 1 else self.inter
+        bandwidth = link.bandwidth_Bps / (1 if nodes <= 1 else max(sharing, 1))
+        return self.overhead_s + 2 * (link.latency_s + nbytes / bandwidth)
 
     def message_s(self, nbytes: float, a: int, b: int) -> float:
         """One point-to-point message between workers ``a`` and ``b`` (e.g. to the

@@ -10,7 +10,9 @@ from .network import Network
 from .stats import Problem
 from .workers import Compute, Speed
 
-MODES = ("allreduce", "static", "random", "generator", "generator-node", "adpsgd")
+MODES = ("allreduce", "static", "random", "generator", "generator-node", "adpsgd",
+         "adpsgd-sync")
+LOCKSTEP_MODES = ("static", "random", "adpsgd-sync")  # the modes barrier_every applies to
 TARGET_ON = ("worker0", "average")
 
 
@@ -22,7 +24,10 @@ class Scenario:
         (Prague's schedule with ``network.workers_per_node`` per node), ``"random"``
         (random partition per step from a shared seed), ``"generator"`` (the Group
         Generator), ``"generator-node"`` (the Group Generator dividing within nodes of
-        ``network.workers_per_node`` first), ``"adpsgd"`` (AD-PSGD's pairs, run in lock-step as today's schedule).
+        ``network.workers_per_node`` first), ``"adpsgd"`` (asynchronous AD-PSGD: after
+        each step an active worker averages with a passive one, which answers while it
+        computes, as ``sync="adpsgd"``), ``"adpsgd-sync"`` (AD-PSGD's pairs run in lock
+        step after every step, as ``sync="adpsgd-sync"``).
     group_size, policy, batch: of the random partition and the generator (``batch`` =
         groups per generator request).
     cross_node_every: ``"generator-node"``: every this-many-th division ignores the nodes.
@@ -32,7 +37,7 @@ class Scenario:
     target_loss: test loss to reach; ``target_on`` says whose: worker 0's model
         (as ``benchmarks/train.py`` measures rank 0) or the average of all models.
     eval_every: worker 0's steps between evaluations.
-    barrier_every: static/random/adpsgd only: all workers meet in a small all-reduce before
+    barrier_every: static/random/adpsgd-sync only: all workers meet in a small all-reduce before
         every ``barrier_every``-th step (``benchmarks/train.py`` does this to stop those
         modes together); 0 = never.
     overlap: allreduce only: fraction of a step's compute during which the gradient

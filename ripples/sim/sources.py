@@ -26,7 +26,7 @@ class PerStep:
         if s.mode == "allreduce":
             everyone = tuple(range(n))
             self._make = lambda step: {w: [(step, everyone)] for w in range(n)}
-        elif s.mode == "adpsgd":
+        elif s.mode == "adpsgd-sync":
             self._make = lambda step: self._by_worker(adpsgd_pairs(s.seed, step, n))
         else:
             partition: Callable[[int], list] = (

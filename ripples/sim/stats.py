@@ -17,6 +17,12 @@ Steps are applied lazily and in batches: a worker whose computation ended holds 
 step until its parameters are next needed, and then every pending step is applied in one
 vectorized numpy call. This is exact: a worker's parameters cannot change between the end
 of its computation and its next averaging, which is the next time they are read.
+
+A gradient is taken at the parameters its computation started from. Only asynchronous
+AD-PSGD changes a worker's parameters while it computes (an active worker averages with a
+passive one that is computing); :meth:`Workers.average_parameters` then keeps the passive
+worker's parameters from before the first such change, and its running step's gradient is
+taken there and applied to the averaged parameters, as a real passive rank does.
 """
 from __future__ import annotations
 
@@ -77,6 +83,7 @@ class Workers:
         self.momentum = np.zeros((count, problem.dim))
         self._rng = np.random.default_rng([problem.seed, seed, 2])
         self._pending: list = []
+        self._started_at: dict = {}  # worker -> parameters its running computation started from
 
     def step_done(self, worker: int) -> None:
         """``worker`` finished computing a gradient at its current parameters."""
@@ -86,7 +93,12 @@ class Workers:
         p = self.problem
         index = self._rng.integers(0, p.train_samples, size=(len(workers), p.batch))
         x, y = self.data.x_train[index], self.data.y_train[index]  # (m, b, d), (m, b)
-        z = np.einsum("mbd,md->mb", x, self.params[workers])
+        params = self.params[workers]
+        for i, w in enumerate(workers.tolist() if self._started_at else ()):
+            started_at = self._started_at.pop(w, None)
+            if started_at is not None:
+                params[i] = started_at
+        z = np.einsum("mbd,md->mb", x, params)
         residual = 1 / (1 + np.exp(-z)) - y
         return np.einsum("mb,mbd->md", residual, x) / p.batch
 
@@ -102,9 +114,13 @@ class Workers:
             self._pending.clear()
             self._apply(workers, self._gradients(workers))
 
-    def average_parameters(self, group: Iterable[int]) -> None:
-        """P-Reduce: the members' parameters become their mean."""
+    def average_parameters(self, group: Iterable[int], computing: Iterable[int] = ()) -> None:
+        """P-Reduce: the members' parameters become their mean. ``computing``: members in
+        the middle of a computation, whose gradient stays at the parameters it started from."""
         self.flush()
+        for w in computing:
+            if w not in self._started_at:
+                self._started_at[w] = self.params[w].copy()
         members = np.asarray(group)
         if len(members) > 1:
             self.params[members] = self.params[members].mean(axis=0)

@@ -3,7 +3,7 @@
 Each measured scenario is simulated with what the benchmark did: its rank count, emulated
 step time, group size, wall time per mode and slowdowns, the ``this-machine`` network
 preset (from the collectives benchmark, not from these runs), and the global stop check
-every 10 steps that the benchmark runs in the static, random and AD-PSGD modes. The
+every 10 steps that the benchmark runs in the static, random and lock-step AD-PSGD modes. The
 benchmark trains an MLP on digits, the simulator a logistic regression, so one number is
 taken from the measurements: the target is the loss all-reduce reaches after as many steps
 as the measured homogeneous all-reduce run needed to reach its target accuracy. Every
@@ -16,11 +16,9 @@ from typing import Dict, List
 from .cli import build_parser, scenario_from_args
 from .runner import run_modes
 
-# benchmarks/train.py's mode names -> the simulator's. The simulator's AD-PSGD runs its pairs
-# in lock step, which is the benchmark's "adpsgd-sync"; the asynchronous "adpsgd" (a passive
-# rank answers from a thread while it computes) is not simulated.
+# benchmarks/train.py's mode names -> the simulator's.
 MODE_NAMES = {"allreduce": "allreduce", "ripples/static": "static", "ripples/random": "random",
-              "ripples/generator": "generator", "adpsgd-sync": "adpsgd"}
+              "ripples/generator": "generator", "adpsgd": "adpsgd", "adpsgd-sync": "adpsgd-sync"}
 SPEED_FLAGS = {"homogeneous": [], "one-slow": ["--speed", "stragglers", "--stragglers", "1",
                                                "--slow-factor", "5"],
                "random-slow": ["--speed", "random", "--slow-probability", "0.1",
