@@ -30,6 +30,16 @@ def test_choose_keeps_equal_workers_together_and_isolates_a_slow_one():
     assert casp.choose([1, 1, 1, 3, 1, 1, 1, 1]) == ((0, 1, 2, 4, 5, 6, 7), (3,))
 
 
+def test_choose_runs_one_program_for_every_count_with_the_same_plans():
+    """choose() cuts for all counts in one dynamic program; each plan must be the one
+    sort_and_cut() finds for its count alone, ties included (few distinct times)."""
+    rng = random.Random(3)
+    for _ in range(100):
+        times = [rng.choice([1.0, 1.5, 2.0, 3.0]) for _ in range(rng.randint(1, 11))]
+        together = casp._cuts(times, 1, len(times))
+        assert together == {c: casp.sort_and_cut(times, c) for c in range(1, len(times) + 1)}
+
+
 def test_sort_and_cut_extremes_and_bad_counts():
     times = [3.0, 1.0, 2.0]
     assert casp.sort_and_cut(times, 1) == ((0, 1, 2),)
