@@ -16,148 +16,60 @@ thread does. The averaging is applied when the exchange ends.
 from __future__ import annotations
 
 import collections
-import dataclasses
-import heapq
-import itertools
-import time
 from typing import Callable, Dict, List, Optional
 
 from ..schedule.adpsgd import adpsgd_partner, is_active
 from ..schedule.base import Assignment
-from .scenario import LOCKSTEP_MODES, Scenario
+from .loop import DeadlockError, EventLoop, RunResult  # noqa: F401 (DeadlockError: re-exported)
+from .ps import ParameterServerRun
+from .scenario import LOCKSTEP_MODES, PS_MODES, Scenario
 from .sources import PerStep, make_generator
-from .stats import Workers
 
 REQUEST_BYTES = 64  # a pickled (op, rank, id) request or a small answer
-
-
-class DeadlockError(RuntimeError):
-    """No event can happen while the run is not over."""
-
-
-@dataclasses.dataclass
-class RunResult:
-    """What one simulated run measured.
-
-    curve: ``(time, loss of the averaged model, loss of worker 0, consensus distance)``
-        at every evaluation.
-    """
-    scenario: Scenario
-    sim_s: float
-    steps: List[int]
-    ceiling_steps_per_s: float
-    time_to_target_s: Optional[float]
-    curve: List[tuple]
-    groups: int
-    mean_group_size: float
-    events: int
-    wall_s: float
-
-    @property
-    def steps_per_s(self) -> float:
-        return sum(self.steps) / self.sim_s if self.sim_s > 0 else 0.0
-
-    @property
-    def fraction_of_ceiling(self) -> float:
-        return self.steps_per_s / self.ceiling_steps_per_s
-
-    @property
-    def consensus_distance(self) -> float:
-        return self.curve[-1][3] if self.curve else 0.0
-
-    @property
-    def final_loss(self) -> float:
-        return self.curve[-1][1] if self.curve else float("nan")
-
-
-class _Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def simulate(scenario: Scenario, progress: Optional[Callable[[float], None]] = None) -> RunResult:
     """Run ``scenario`` and return its measurements. ``progress(now)`` is called now and
     then with the simulated time (for a progress bar)."""
+    if scenario.mode in PS_MODES:
+        return ParameterServerRun(scenario, progress).run()
     return _Run(scenario, progress).run()
 
 
-class _Run:
+class _Run(EventLoop):
+    """The decentralized modes and all-reduce."""
+
     def __init__(self, scenario: Scenario, progress):
-        s = self.s = scenario
+        super().__init__(scenario, progress)
+        s = scenario
         n = s.workers
-        self.progress = progress
-        self.clock = _Clock()
-        self.speed = s.speed.sampler(n, s.seed)
-        self.step_s = s.compute.seconds
-        self.stats = Workers(s.problem, n, seed=s.seed)
         self.gradient_mode = s.mode == "allreduce"
         self.asynchronous = s.mode == "adpsgd"
         self.generator = (make_generator(s, self.clock) if s.mode.startswith("generator")
                           else None)
         self.per_step = None if self.generator or self.asynchronous else PerStep(s)
         self.barrier = s.barrier_every if s.mode in LOCKSTEP_MODES else 0
-        self.events: list = []
-        self.order = itertools.count()
-        self.steps = [0] * n
         self.todo = [collections.deque() for _ in range(n)]
         self.held = [collections.deque() for _ in range(n)]  # generator groups not yet due
-        self.last_compute = [0.0] * n
-        self.computing = [False] * n
         self.exchanges = [0] * n  # AD-PSGD exchanges each active worker has started
         self.responder = [collections.deque() for _ in range(n)]  # active workers queued at a passive one
         self.arrived: Dict[int, int] = collections.defaultdict(int)
         self.at_barrier: Dict[int, int] = collections.defaultdict(int)
-        self.node_flows = collections.Counter()  # multi-node collectives in flight per node
         self.wake_at = None
-        self.curve: List[tuple] = []
-        self.ttt: Optional[float] = None
-        self.groups = 0
-        self.group_members = 0
-        self.count = 0
 
-    # -- the loop ------------------------------------------------------------------
-    def push(self, at: float, kind: str, *args) -> None:
-        heapq.heappush(self.events, (at, next(self.order), kind, args))
-
-    def run(self) -> RunResult:
-        began = time.perf_counter()
-        s = self.s
-        for w in range(s.workers):
+    def start(self) -> None:
+        for w in range(self.s.workers):
             self.begin_step(w)
-        handlers = {"computed": self.computed, "averaged": self.averaged,
-                    "barrier": self.barrier_done, "request": self.request_arrives,
-                    "answer": self.answer_arrives, "wake": self.wake,
-                    "exchanged": self.exchanged}
-        end = s.horizon_s
-        while self.events:
-            at = self.events[0][0]
-            if at > end or (s.stop_at_target and self.ttt is not None):
-                break
-            _, _, kind, args = heapq.heappop(self.events)
-            self.clock.now = at
-            handlers[kind](*args)
-            self.count += 1
-            if self.progress is not None and self.count % 20000 == 0:
-                self.progress(at)
-        else:
-            raise DeadlockError(f"no event can happen at t={self.clock.now:.3f}s "
-                                f"(mode {s.mode}, {s.workers} workers)")
-        sim_s = self.ttt if s.stop_at_target and self.ttt is not None else end
-        self.clock.now = sim_s
-        self.evaluate()
-        return RunResult(s, sim_s, list(self.steps), s.ceiling_steps_per_s(), self.ttt,
-                         self.curve, self.groups,
-                         self.group_members / self.groups if self.groups else 0.0,
-                         self.count, time.perf_counter() - began)
+
+    def handlers(self) -> dict:
+        return {"computed": self.computed, "averaged": self.averaged,
+                "barrier": self.barrier_done, "request": self.request_arrives,
+                "answer": self.answer_arrives, "wake": self.wake, "exchanged": self.exchanged}
 
     # -- workers -------------------------------------------------------------------
     def begin_step(self, w: int) -> None:
         step = self.steps[w]
-        if w == 0 and step % self.s.eval_every == 0:
-            self.evaluate()
+        self.evaluate_if_due(w)
         if self.barrier and step and step % self.barrier == 0:
             self.at_barrier[step] += 1
             if self.at_barrier[step] == self.s.workers:
@@ -168,19 +80,12 @@ class _Run:
             return
         self.start_compute(w)
 
-    def start_compute(self, w: int) -> None:
-        t = self.step_s * self.speed.factor(w)
-        self.last_compute[w] = t
-        self.computing[w] = True
-        self.push(self.clock.now + t, "computed", w)
-
     def barrier_done(self, step: int) -> None:
         for w in range(self.s.workers):
             self.start_compute(w)
 
     def computed(self, w: int) -> None:
-        self.steps[w] += 1
-        self.computing[w] = False
+        self.step_ended(w)
         self.stats.step_done(w)
         if self.asynchronous:
             self.exchange_or_step(w)
@@ -207,21 +112,6 @@ class _Run:
         if self.arrived[seq] == len(group):
             del self.arrived[seq]
             self.start_group(seq, group, w)
-
-    def occupy_links(self, members: tuple) -> tuple:
-        """The nodes a transfer among ``members`` spans, and the share of their inter-node
-        links it gets; counts it on those links when it spans several nodes."""
-        nodes = self.s.network.nodes(members) if len(members) > 1 else ()
-        if len(nodes) <= 1:
-            return (), 1
-        sharing = 1 + max(self.node_flows[node] for node in nodes)
-        for node in nodes:
-            self.node_flows[node] += 1
-        return tuple(nodes), sharing
-
-    def release_links(self, nodes: tuple) -> None:
-        for node in nodes:
-            self.node_flows[node] -= 1
 
     def start_group(self, seq: int, group: tuple, last: int) -> None:
         nodes, sharing = self.occupy_links(group)
@@ -299,15 +189,7 @@ class _Run:
         self.proceed(w)
 
     # -- measurement ---------------------------------------------------------------
-    def evaluate(self) -> None:
+    def measure(self) -> tuple:
         if not self.gradient_mode:
             self.stats.flush()
-        average = self.stats.loss()
-        worker0 = self.stats.loss(0)
-        now = self.clock.now
-        if self.curve and self.curve[-1][0] == now:
-            return
-        self.curve.append((now, average, worker0, self.stats.consensus_distance()))
-        judged = worker0 if self.s.target_on == "worker0" else average
-        if self.ttt is None and self.s.target_loss is not None and judged <= self.s.target_loss:
-            self.ttt = now
+        return self.stats.loss(), self.stats.loss(0), self.stats.consensus_distance()
