@@ -96,6 +96,20 @@ all-reduce reaches after --target-steps synchronous steps. Example:
                    help="generator-node: every N-th division ignores the nodes")
     g.add_argument("--barrier-every", type=int, default=0,
                    help="static/random/adpsgd-sync: global barrier before every N-th step (0 = never)")
+    g = p.add_argument_group("parameter servers (ps-<policy> modes)")
+    g.add_argument("--ps-servers", type=int, default=1,
+                   help="servers, each holding an equal shard behind its own inter-node link")
+    g.add_argument("--staleness", type=int,
+                   help="ps-ssp (required) and ps-casp (optional): how many pushes a worker "
+                        "may lead the slowest")
+    g.add_argument("--backup-workers", type=int, default=1,
+                   help="ps-syncopt: pushes a round may close without")
+    g.add_argument("--communities", default="auto",
+                   help="ps-casp: 'auto' (sort-and-cut chooses the count) or a fixed count")
+    g.add_argument("--regroup-every", type=int, default=20,
+                   help="ps-casp: rounds between re-forming communities from measured speeds")
+    g.add_argument("--push-lr-scale", type=float,
+                   help="ps-asp/ps-ssp: learning-rate factor per push (default 1/workers)")
     g = p.add_argument_group("statistical model and measurement")
     g.add_argument("--target-steps", type=int, default=300,
                    help="target loss = what all-reduce reaches after this many steps")
@@ -152,8 +166,20 @@ def scenario_from_args(args) -> tuple:
                     seed=args.seed,
                     horizon_s=args.horizon_s, stop_at_target=not args.full_horizon,
                     target_on=args.target_on, eval_every=args.eval_every,
-                    barrier_every=args.barrier_every, overlap=args.overlap)
+                    barrier_every=args.barrier_every, overlap=args.overlap,
+                    ps_servers=args.ps_servers, staleness=args.staleness,
+                    backup_workers=args.backup_workers,
+                    communities=(args.communities if args.communities in ("auto", "learned")
+                                 else _integer("--communities", args.communities)),
+                    regroup_every=args.regroup_every, push_lr_scale=args.push_lr_scale)
     return base, workers
+
+
+def _integer(flag: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{flag} must be 'auto' or an integer, got {text!r}") from None
 
 
 def _progress(quiet: bool, horizon: float):
@@ -185,6 +211,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         base, workers = scenario_from_args(args)
     except ValueError as err:
         parser.error(str(err))
+    for mode in modes:  # each mode's own knobs, checked before anything runs
+        try:
+            dataclasses.replace(base, mode=mode)
+        except ValueError as err:
+            parser.error(f"--modes {mode}: {err}")
     net, compute = base.network, base.compute
     print(f"ripples sim: {args.speed} speeds, compute {compute.seconds * 1e3:.1f} ms/step, "
           f"{net.workers_per_node} workers/node, intra {net.intra.bandwidth_Bps * 8 / 1e9:g} Gb/s, "

@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from ..ps.policies import STALENESS_POLICIES, make_spec
 from ..schedule.base import POLICIES
 from .network import Network
 from .stats import Problem
 from .workers import Compute, Speed
 
+PS_POLICIES = ("bsp", "ssp", "asp", "dynsgd", "consgd", "syncopt", "casp")
+PS_MODES = tuple(f"ps-{policy}" for policy in PS_POLICIES)
 MODES = ("allreduce", "static", "random", "generator", "generator-node", "adpsgd",
-         "adpsgd-sync")
+         "adpsgd-sync") + PS_MODES
 LOCKSTEP_MODES = ("static", "random", "adpsgd-sync")  # the modes barrier_every applies to
 TARGET_ON = ("worker0", "average")
 
@@ -27,7 +30,8 @@ class Scenario:
         ``network.workers_per_node`` first), ``"adpsgd"`` (asynchronous AD-PSGD: after
         each step an active worker averages with a passive one, which answers while it
         computes, as ``sync="adpsgd"``), ``"adpsgd-sync"`` (AD-PSGD's pairs run in lock
-        step after every step, as ``sync="adpsgd-sync"``).
+        step after every step, as ``sync="adpsgd-sync"``); ``"ps-<policy>"`` (parameter
+        servers under ``ripples.ps`` policy ``<policy>``, see :mod:`.ps`).
     group_size, policy, batch: of the random partition and the generator (``batch`` =
         groups per generator request).
     cross_node_every: ``"generator-node"``: every this-many-th division ignores the nodes.
@@ -42,6 +46,12 @@ class Scenario:
         modes together); 0 = never.
     overlap: allreduce only: fraction of a step's compute during which the gradient
         all-reduce can already run (backward overlap); 0 = none.
+    ps_servers: parameter-server modes: servers, each holding an equal shard of the model
+        behind its own inter-node link.
+    staleness, backup_workers, communities, regroup_every: the policy's knobs, as
+        ``sync="ps"`` takes them (``ripples.ps.policies.make_spec``).
+    push_lr_scale: learning-rate factor of ``ps-asp`` and ``ps-ssp``, which apply every
+        push alone; None = ``1 / workers`` (as ``benchmarks/ps.py`` runs them).
     """
     mode: str
     workers: int
@@ -62,6 +72,12 @@ class Scenario:
     eval_every: int = 5
     barrier_every: int = 0
     overlap: float = 0.0
+    ps_servers: int = 1
+    staleness: Optional[int] = None
+    backup_workers: int = 1
+    communities: object = "auto"
+    regroup_every: int = 20
+    push_lr_scale: Optional[float] = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -80,6 +96,22 @@ class Scenario:
             raise ValueError("horizon_s must be > 0 and model_bytes >= 0")
         if not 0 <= self.overlap <= 1:
             raise ValueError(f"overlap must be in [0, 1], got {self.overlap!r}")
+        if self.ps_servers < 1:
+            raise ValueError(f"ps_servers must be >= 1, got {self.ps_servers!r}")
+        if self.push_lr_scale is not None and not self.push_lr_scale > 0:
+            raise ValueError(f"push_lr_scale must be > 0 or None, got {self.push_lr_scale!r}")
+        if self.mode in PS_MODES:
+            self.policy_spec()  # raises ValueError naming a bad knob
+
+    def policy_spec(self):
+        """The ``ripples.ps.policies.PolicySpec`` of a parameter-server mode."""
+        policy = self.mode[len("ps-"):]
+        return make_spec(
+            policy, self.workers,
+            staleness=self.staleness if policy in STALENESS_POLICIES else None,
+            backup_workers=self.backup_workers,
+            communities=self.communities if policy == "casp" else None,
+            regroup_every=self.regroup_every if policy == "casp" else None)
 
     def ceiling_steps_per_s(self) -> float:
         """``sum_i v_i``: every worker stepping at its own mean speed, never waiting."""

@@ -107,6 +107,11 @@ class Workers:
         self.momentum[workers] = p.momentum * self.momentum[workers] + gradients
         self.params[workers] -= p.lr * self.momentum[workers]
 
+    def gradient(self, worker: int) -> np.ndarray:
+        """A mini-batch gradient at ``worker``'s current parameters, now (parameter-server
+        modes, where the worker pushes it instead of applying it)."""
+        return self._gradients(np.array([worker]))[0]
+
     def flush(self) -> None:
         """Apply every pending local SGD step (parameter-averaging modes)."""
         if self._pending:
@@ -141,6 +146,24 @@ class Workers:
     def consensus_distance(self) -> float:
         """``mean_i ||x_i - x_mean||^2``."""
         return float(((self.params - self.params.mean(axis=0)) ** 2).sum(axis=1).mean())
+
+
+class Server:
+    """The parameter servers' model, all shards together: the server-side SGD with momentum
+    that ``sync="ps"`` runs with the user's optimizer, on one vector."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.params = np.zeros(problem.dim)
+        self.momentum = np.zeros(problem.dim)
+        self.version = 0  # updates applied
+
+    def apply(self, gradient: np.ndarray, scale: float) -> None:
+        """One optimizer step with the learning rate times ``scale``."""
+        p = self.problem
+        self.momentum = p.momentum * self.momentum + gradient
+        self.params = self.params - p.lr * scale * self.momentum
+        self.version += 1
 
 
 def allreduce_loss_curve(problem: Problem, workers: int, steps: int, data: Data | None = None,
