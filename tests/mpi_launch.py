@@ -42,6 +42,10 @@ def mpi_env(extra: dict | None = None) -> dict:
         "RIPPLES_TIMEOUT_S": env.get("RIPPLES_TIMEOUT_S", "30"),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_DIR), env.get("PYTHONPATH")])),
         "OMP_NUM_THREADS": "1",
+        # The libfabric (ofi) transport's start-up probes for fabrics for about 1 s in every
+        # process of a job on a machine with none; no test needs it (a job that asks for
+        # ``--mca btl ...`` on its command line still gets what it asks for).
+        "OMPI_MCA_btl": env.get("OMPI_MCA_btl", "^ofi"),
     })
     env.update(extra or {})
     return env
