@@ -161,6 +161,7 @@ ROWS = [  # (row, policy, options); lr_scale: per-push policies apply 8 updates 
     ("DynSGD", "dynsgd", {}), ("ConSGD", "consgd", {}), ("Sync-opt(b=1)", "syncopt", {}),
     ("FlexRR-lite(s=2)", "flexrr", {"staleness": 2}), ("eager", "eager", {}),
     ("CASP(sort-and-cut)", "casp", {"communities": "auto", "regroup_every": 10}),
+    ("CASP(learned)", "casp", {"communities": "learned", "regroup_every": 10}),
     ("EPSP(s=0)", "epsp", {"staleness": 0}), ("EPSP(s=2)", "epsp", {"staleness": 2}),
 ]
 PER_PUSH = ("asp", "ssp", "eager")
