@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from mpi4py import MPI
 
 from ripples.comm import control_tree
-from ripples.comm.mpi import Deadline, poll_until
+from ripples.comm.mpi import Deadline, poll_until, wait_all
 from ripples.errors import MismatchError, RipplesError, RipplesTimeoutError
 
 _TAG_RECORD = 11
@@ -222,7 +222,7 @@ def _send_all(ctl, replies: dict, timeout_s, stall_s, group, what) -> None:
     requests = [ctl.Isend(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL), dest=member,
                           tag=_TAG_REPLY) for member, reply in replies.items()]
     deadline = Deadline(timeout_s, stall_s, lambda: f"{what} on group {group}: answering members")
-    poll_until(lambda: MPI.Request.Testall(requests), deadline)
+    wait_all(requests, deadline)
 
 
 def _follow(ctl, mine: Record, leader: int, what, timeout_s, stall_s, idle) -> Decision:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..comm.mpi import Deadline, wait_all
 from ..errors import RipplesError, RipplesTimeoutError
 
 REQUEST = 7301
@@ -121,15 +122,15 @@ def receive(comm, source: int, tag: int, pool: BufferPool, timeout_s: float,
     buffer = pool.take(nbytes)
     requests = [comm.Irecv([buffer[offset:offset + length], MPI.BYTE], source=source, tag=DATA)
                 for offset, length in pieces(nbytes)]
-    deadline = time.monotonic() + timeout_s
-    backoff = Backoff()
-    while not MPI.Request.Testall(requests):
-        if time.monotonic() > deadline:
-            for request in requests:
-                request.Cancel()
-            raise RipplesTimeoutError(f"{what}: the {nbytes}-byte payload from rank {source} "
-                                      f"did not arrive within {timeout_s:.1f} s")
-        backoff.idle()
+    deadline = Deadline(timeout_s, timeout_s,
+                        lambda: f"{what}: the {nbytes}-byte payload from rank {source}",
+                        missing=lambda: [source])
+    try:
+        wait_all(requests, deadline)  # a dead sender raises its own error class
+    except RipplesTimeoutError:
+        for request in requests:
+            request.Cancel()
+        raise
     return header, buffer
 
 
