@@ -71,7 +71,6 @@ class ParameterServerRun(EventLoop):
             count = None if self.spec.communities == "auto" else self.spec.communities
             self.controller = casp.Controller(n, count, self.spec.regroup_every)
             self.community = {w: (0, c) for c in self.controller.plan for w in c}
-            self.arrived: Dict[tuple, List[int]] = collections.defaultdict(list)
             self.times: Dict[int, float] = {}
 
     def start(self) -> None:
@@ -111,10 +110,8 @@ class ParameterServerRun(EventLoop):
             return
         self.times[w] = casp.ema(self.times.get(w), self.last_compute[w])
         key = self.community[w]
-        self.arrived[key].append(w)
         self.round_gradients[key][w] = gradient
-        if len(self.arrived[key]) == len(key[1]):
-            del self.arrived[key]
+        if len(self.round_gradients[key]) == len(key[1]):  # the last member arrived
             nodes, sharing = self.occupy_links(key[1])
             cost = self.s.network.allreduce_s(self.s.model_bytes, len(key[1]),
                                               max(len(nodes), 1), sharing)
