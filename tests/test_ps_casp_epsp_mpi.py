@@ -14,6 +14,11 @@ def test_casp_one_community_is_bsp_one_each_is_asp_and_regrouping_keeps_every_up
     assert "casp equivalence OK" in out
 
 
+def test_casp_workers_may_stop_after_different_numbers_of_steps():
+    out = run_mpi(script("mpi_ps_casp.py", "uneven"), 5, timeout=120).stdout
+    assert "casp uneven OK" in out
+
+
 def test_casp_stalled_member_fails_its_community_and_the_other_continues():
     out = run_mpi(script("mpi_ps_casp.py", "failure"), 4, timeout=90).stdout
     assert "casp failure OK" in out

@@ -2,17 +2,26 @@
 
 A round, on every member of the worker's community (``casp.py`` holds the plan logic):
 
-1. P-Reduce (``partial_allreduce``, Average) of the gradients over the community, together
-   with a small float64 vector carrying each member's compute time per step (EMA) and a
-   skip flag (a GradScaler found inf/NaN on some member: the round is not applied).
-2. The leader (lowest-numbered member) pushes the averaged gradient once, with the members
-   and their times, and pulls the parameters once. Server 0's answer carries the current
-   plan of communities.
+1. P-Reduce (``partial_allreduce``, Sum) of the gradients over the community, together
+   with a small float64 vector carrying each member's compute time per step (EMA), a
+   leaving flag per member and a skip flag (a GradScaler found inf/NaN on some member: the
+   round is not applied). The gradient is divided by the number of members still training.
+2. The leader (lowest-numbered member) pushes the averaged gradient once, with the members,
+   the times of those still training and the members that are leaving, and pulls the
+   parameters once. Server 0's answer carries the current plan of communities.
 3. P-Reduce (Sum) of the parameters, the non-leaders contributing zeros: every member gets
    the leader's copy, with the chunk versions, the plan, the servers' count of all pushes
    and an error flag (so a leader that fails makes its whole community raise instead of
    wait).
 4. A new plan is adopted by the whole community at once, after this round.
+
+Uneven work (``leave()``, called by ``join()``): a worker that has finished keeps serving
+its community's rounds with zero gradients and its leaving flag set, so members still
+training never wait for it. The community stops together, at the first round in which every
+member is leaving and no new plan arrived. Server 0 stops regrouping once it hears of a
+leaving worker: a plan issued after a worker stopped could otherwise put it in a community
+that would wait for it. A round in which every member is leaving pushes nothing to apply
+(a skip push), but still tells server 0 who is leaving before anyone stops.
 
 A community of one runs no collective. Both collectives run on the communicator cache of
 ``ripples.ops`` (the community's ranks in the workers' runtime, which are worker indices).
@@ -59,6 +68,7 @@ class CommunityStep:
         self.time_ema = None
         self.last_end = time.monotonic()
         self.rounds = 0
+        self.failed = False  # a round raised: the members' collectives are out of step
         self.stats = {"rounds": 0, "collective_s": 0.0, "plans": [(0, self.plan)],
                       "bytes_pushed_per_community": {}, "bytes_pulled_per_community": {}}
 
@@ -67,41 +77,69 @@ class CommunityStep:
         return next(c for c in self.plan if self.ps.worker in c)
 
     def step(self, skip: bool) -> None:
-        ps = self.ps
+        """One community round with this worker's gradients."""
         self.time_ema = casp.ema(self.time_ema, time.monotonic() - self.last_end)
-        members = self.members
-        leader = members[0]
-        grads = [p.grad.detach() if p.grad is not None else torch.zeros_like(p)
+        self._round(skip, leaving=False)
+
+    def leave(self) -> None:
+        """Serve community rounds without gradients until every member of this worker's
+        community is leaving too (see the module docstring). After a round failed the
+        community is out of step and there is nothing to serve: returns at once."""
+        while not self.failed and not self._round(False, leaving=True):
+            pass
+
+    def _round(self, skip: bool, leaving: bool) -> bool:
+        """One round; returns True when every member was leaving and the plan stayed."""
+        ps = self.ps
+        n = self.num_workers
+        grads = [p.grad.detach() if p.grad is not None and not leaving else torch.zeros_like(p)
                  for p in ps.params]
-        control = torch.zeros(self.num_workers + 1, dtype=torch.float64)
-        control[ps.worker] = self.time_ema
-        control[-1] = float(skip)
-        self._reduce(grads + [control], members, ReduceOp.AVERAGE)
-        control *= len(members)
-        times = {w: float(control[w]) for w in members}
+        control = torch.zeros(2 * n + 1, dtype=torch.float64)  # times, leaving flags, skip
+        if leaving:
+            control[n + ps.worker] = 1.0
+        else:
+            control[ps.worker] = self.time_ema
+            control[-1] = float(skip)
+        try:
+            return self._exchange(grads, control, self.members, leaving)
+        except RipplesError:
+            self.failed = True
+            raise
+
+    def _exchange(self, grads, control, members, leaving) -> bool:
+        ps = self.ps
+        n = self.num_workers
+        leader = members[0]
+        self._reduce(grads + [control], members, ReduceOp.SUM)
+        leavers = [w for w in members if control[n + w] > 0]
+        training = len(members) - len(leavers)
+        for g in grads:
+            g /= max(training, 1)
         error = None
         if ps.worker == leader:
             for p, g in zip(ps.params, grads):
                 p.grad = g
             before = (ps.stats_pushed(), ps.stats_pulled())
             try:
-                ps.push_and_pull(control[-1].item() > 0, {
-                    "members": list(members), "plan": self.plan_version, "times": times})
+                ps.push_and_pull(control[-1].item() > 0 or training == 0, {
+                    "members": list(members), "plan": self.plan_version, "leaving": leavers,
+                    "times": {w: float(control[w]) for w in members if w not in leavers}})
             except RipplesError as exc:
                 error = exc
             self._count_traffic(members, before)
         else:
             ps.clock += 1
         wire = self._broadcast(members, leader, error)
-        self.stats["rounds"] += 1
+        if not leaving:
+            self.stats["rounds"] += 1
         self.last_end = time.monotonic()
         if error is not None:
             raise error
-        if wire is not None and wire[1] > 0:
+        if wire[1] > 0:
             raise RipplesError(f"community {list(members)}: its leader, worker {leader}, failed "
                                f"to push or pull (its own error says why)")
-        if wire is not None:
-            self._adopt(int(wire[0]), [int(v) for v in wire[2:2 + self.num_workers]])
+        new_plan = self._adopt(int(wire[0]), [int(v) for v in wire[2:2 + n]])
+        return training == 0 and not new_plan
 
     def _reduce(self, tensors: List[torch.Tensor], members: tuple, op) -> None:
         if len(members) > 1:
@@ -111,7 +149,7 @@ class CommunityStep:
 
     def _broadcast(self, members: tuple, leader: int, error):
         """Leader's parameters, versions and plan to every member; returns the control
-        vector (None for a community of one, whose leader read the plan itself)."""
+        vector: [plan version, error flag, plan labels..., chunk versions..., pushes]."""
         ps = self.ps
         cids = [c.cid for c in ps.map.chunks]
         control = torch.zeros(3 + self.num_workers + len(cids), dtype=torch.float64)
@@ -138,11 +176,13 @@ class CommunityStep:
             ps.total_pushes = int(control[-1])
         return control
 
-    def _adopt(self, version: int, labels: List[int]) -> None:
-        if version > self.plan_version:
-            self.plan_version = version
-            self.plan = casp.from_labels(labels)
-            self.stats["plans"].append((version, self.plan))
+    def _adopt(self, version: int, labels: List[int]) -> bool:
+        if version <= self.plan_version:
+            return False
+        self.plan_version = version
+        self.plan = casp.from_labels(labels)
+        self.stats["plans"].append((version, self.plan))
+        return True
 
     def _count_traffic(self, members: tuple, before) -> None:
         key = ",".join(map(str, members))

@@ -284,9 +284,17 @@ class PSOptimizer(OptimizerWrapper):
 
     def join(self):
         """Leave training: wait until every worker has joined, then hold the servers' final
-        parameters. Returns the number of steps this worker made."""
+        parameters. Returns the number of steps this worker made. Under ``policy="casp"``
+        the worker first serves its community's rounds (with no gradient) until every
+        member has finished, so workers may run different numbers of steps."""
         if self.joined:
             return self.stats["steps"]
+        failure = None
+        if self.community is not None:
+            try:
+                self.community.leave()
+            except RipplesError as exc:  # still join the servers: no one else may wait
+                failure = exc
         if self.pending_pull:
             self._install_all(self._wait_all(self.pending_pull, "eager pull before join",
                                              count_blocked=False))
@@ -297,6 +305,8 @@ class PSOptimizer(OptimizerWrapper):
         self._install_all(answers)
         self.server_stats = [answers[s]["stats"] for s in self.servers]
         self.joined = True
+        if failure is not None:
+            raise failure
         return self.stats["steps"]
 
     def metrics(self) -> dict:

@@ -277,6 +277,7 @@ class Session:
         self.pushes = [0] * self.num_workers
         self.applied_from = [0] * self.num_workers
         self.joined = set()
+        self.leaving: set = set()  # CASP workers serving their community's last rounds
         self.dead = set()
         self.pulls: List[tuple] = []
         self.joins: List[tuple] = []
@@ -432,9 +433,10 @@ class Session:
                 self.pushes[w] += 1
         if self.controller is not None:
             casp.observe(self.controller, message["plan"], members, message["times"])
-            # Once a worker has left, a new plan could put it in a community that would
+            # Once a worker is leaving, a new plan could put it in a community that would
             # wait for it forever: the communities stay as they are.
-            if not self.joined:
+            self.leaving.update(message.get("leaving", ()))
+            if not self.joined and not self.leaving:
                 casp.regroup(self.controller)
 
     def on_task_request(self, worker: int, message: dict) -> None:

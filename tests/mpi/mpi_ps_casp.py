@@ -3,6 +3,10 @@
 Usage: mpi_ps_casp.py equivalence   (5 ranks: 4 workers) C=1 is BSP step by step; C=n is
                                      ASP; regrouping from measured speeds loses and repeats
                                      no update (checksum) and finds the two speed classes
+       mpi_ps_casp.py uneven        (5 ranks: 4 workers of two speeds) every worker stops on
+                                     its own clock, after a regrouping: no one waits for a
+                                     finished member, and every round is averaged over the
+                                     members still training
        mpi_ps_casp.py failure       (4 ranks: 3 workers, communities (0,) and (1, 2)):
                                      worker 2 stalls, worker 1 gets a timeout naming it,
                                      worker 0 keeps training alone
@@ -123,6 +127,38 @@ def equivalence():
         print("casp equivalence OK", flush=True)
 
 
+def uneven():
+    """Worker w trains for 0.6 + 0.4 w seconds, so communities lose members one by one.
+    Every gradient is ones, so each applied round must apply exactly ones: dividing by a
+    community's size instead of its members still training leaves a fraction."""
+    context = start(5.0)
+    worker = context.worker
+    param = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context,
+                     timeout_s=20, policy="casp", communities="auto", regroup_every=2)
+    steps, began = 0, time.monotonic()
+    while time.monotonic() - began < 0.6 + 0.4 * worker:
+        time.sleep(0.01 if worker < 2 else 0.03)
+        param.grad = torch.ones(3, dtype=torch.float64)
+        ps.step()
+        steps += 1
+    ps.join()
+    m = ps.metrics()
+    applied = -param.detach()[0].item()
+    all_steps = context.worker_comm.allgather(steps)
+    check(torch.equal(param.detach(), torch.full((3,), -applied, dtype=torch.float64))
+          and applied == int(applied), f"each round applies exactly one unit: {param.tolist()}")
+    check(applied == m["server_load"][0]["updates"], f"{applied} vs server updates "
+          f"{m['server_load'][0]['updates']}")
+    # Each of a worker's steps is its own applied round; a round holds at most 4 steps.
+    check(max(all_steps) <= applied <= sum(all_steps), f"{applied} rounds for steps {all_steps}")
+    check(m["server_load"][0]["plan_version"] >= 1, "a regrouping happened before the leaving")
+    check(m["community"]["rounds"] == steps, "leaving rounds are not counted as steps")
+    if worker == 0:
+        print(f"casp uneven OK: steps {all_steps}, {int(applied)} rounds applied, plans "
+              f"{m['community']['plans']}", flush=True)
+
+
 def failure():
     timeout = 2.0
     # The stalled member sleeps, standing for a dead one: that takes the strict rule (with
@@ -157,11 +193,21 @@ def failure():
             steps += 1
             time.sleep(0.01)
         check(steps > 20, f"the other community carries on: {steps} steps during the stall")
-    ps.join()
+    if worker == 2:
+        # Its partner gave up on it: the leaving round fails naming worker 1, after this
+        # worker joined the servers (nobody waits for it).
+        try:
+            ps.join()
+            check(False, "a community whose partner gave up cannot leave cleanly")
+        except RipplesTimeoutError as exc:
+            check("rank 1" in str(exc), f"names worker 1: {exc}")
+            check(ps.joined, "joined the servers despite the failed community")
+    else:
+        ps.join()
     if worker == 0:
         m = ps.metrics()
         print(f"casp failure OK: worker 0 pushed {m['server_load'][0]['pushes_per_worker']}",
               flush=True)
 
 
-run({"equivalence": equivalence, "failure": failure}[sys.argv[1]])
+run({"equivalence": equivalence, "uneven": uneven, "failure": failure}[sys.argv[1]])
