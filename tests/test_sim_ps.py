@@ -8,6 +8,7 @@ import pytest
 from ripples.sim import Compute, Link, Network, Problem, Scenario, Speed, simulate
 from ripples.sim.cli import main as cli_main
 from ripples.sim.ps import ParameterServerRun
+from ripples.sim.ps_tasks import TaskRun
 
 SMALL = Problem(dim=8, train_samples=2048, test_samples=512, lr=0.05, margin=10.0)
 FREE = Network(workers_per_node=1, inter=Link(0.0, 1e15))  # no communication cost
@@ -98,6 +99,58 @@ def test_casp_controller_separates_the_slow_worker():
     # after the regroup the fast community no longer waits for worker 7
     assert result.steps[0] > 0.8 * 30 / 0.1
     assert sorted(w for c in plan for w in c) == list(range(8))
+
+
+def test_task_modes_with_equal_speeds_apply_the_rounds_of_bsp():
+    """A clock's 32 micro-batches of 8 samples are the 8 workers' batches of 32 cut
+    finer: drawn from the same stream at the same parameters, the servers apply the same
+    mean gradient each round as BSP, up to the order of the sums."""
+    bsp = simulate(scenario("ps-bsp", horizon=10.05))  # rounds end at 0.1 k
+    for mode in ("ps-epsp", "ps-flexrr"):
+        tasks = simulate(scenario(mode, horizon=10.05))
+        assert tasks.groups == bsp.groups and tasks.mean_group_size == 32  # tasks per round
+        # plus the tasks of the clock in progress at the horizon (a task is 1/4 step)
+        assert 0 <= sum(tasks.steps) - sum(bsp.steps) < 8
+        assert tasks.final_loss == pytest.approx(bsp.final_loss, rel=1e-9)
+    finer = simulate(scenario("ps-epsp", horizon=10.05, tasks_per_clock=64))
+    assert finer.final_loss == pytest.approx(bsp.final_loss, rel=1e-9)
+
+
+def test_epsp_rebalances_shares_and_flexrr_moves_tasks_off_a_slow_worker():
+    """8 workers, worker 7 5x slow, 32 tasks of 0.025 s (0.125 s on worker 7); ceiling
+    7 / 0.1 + 1 / 0.5 = 72 steps/s. EPSP's balanced shares (1 task for worker 7, 4-5 for
+    the others) take 0.125 s per clock of 8 steps: 64 steps/s. FlexRR-lite keeps 4 tasks
+    each; the pioneers take worker 7's tasks while it has more than one unclaimed, so it
+    computes 2: 0.25 s per clock, 32 steps/s. BSP: 0.5 s per round, 16 steps/s."""
+    slow = Speed("stragglers", count=1, factor=5.0)
+    epsp = TaskRun(scenario("ps-epsp", speed=slow), None)
+    result = epsp.run()
+    assert epsp.board.shares[7] == 1 and epsp.board.stats["rebalances"] >= 3
+    assert result.steps_per_s == pytest.approx(64, rel=0.05)
+    flexrr = TaskRun(scenario("ps-flexrr", speed=slow), None)
+    result = flexrr.run()
+    assert flexrr.board.shares == [4] * 8  # never rebalanced
+    assert flexrr.board.stats["transfers"] == pytest.approx(2 * flexrr.applied, abs=2)
+    assert result.steps_per_s == pytest.approx(32, rel=0.05)
+    bsp = simulate(scenario("ps-bsp", speed=slow))
+    assert bsp.steps_per_s == pytest.approx(16, rel=0.05)
+
+
+@pytest.mark.parametrize("mode", ["ps-epsp", "ps-flexrr"])
+def test_task_modes_apply_every_task_once_within_the_staleness_bound(mode):
+    jittery = Speed("random", probability=0.3, factor=4.0)
+    net = Network(workers_per_node=1, inter=Link(1e-3, 1e9))
+    run = TaskRun(scenario(mode, speed=jittery, staleness=1, network=net, model_bytes=1e6),
+                  None)
+    spread = []
+    run.answer_pulls = (lambda inner: lambda: (spread.append(max(run.clock_of) - run.applied),
+                                               inner()))(run.answer_pulls)
+    result = run.run()
+    assert run.applied > 50 and run.board.stats["transfers"] > 0
+    for clock in range(run.applied):  # complete() refuses a second completion of a task
+        assert run.board.clocks[clock].done == set(range(32))
+    assert max(spread) <= 1 + 1  # a worker starts clock c + 1 once round c - 1 is applied
+    assert sum(result.steps) >= run.applied * 8  # every applied task was computed
 
 
 def test_ps_knobs_are_checked():

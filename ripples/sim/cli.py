@@ -100,14 +100,18 @@ all-reduce reaches after --target-steps synchronous steps. Example:
     g.add_argument("--ps-servers", type=int, default=1,
                    help="servers, each holding an equal shard behind its own inter-node link")
     g.add_argument("--staleness", type=int,
-                   help="ps-ssp (required) and ps-casp (optional): how many pushes a worker "
-                        "may lead the slowest")
+                   help="ps-ssp (required), ps-casp (optional): how many pushes a worker "
+                        "may lead the slowest; ps-epsp/ps-flexrr: clocks (default 0)")
     g.add_argument("--backup-workers", type=int, default=1,
                    help="ps-syncopt: pushes a round may close without")
     g.add_argument("--communities", default="auto",
                    help="ps-casp: 'auto' (sort-and-cut chooses the count) or a fixed count")
     g.add_argument("--regroup-every", type=int, default=20,
                    help="ps-casp: rounds between re-forming communities from measured speeds")
+    g.add_argument("--tasks-per-clock", type=int,
+                   help="ps-epsp/ps-flexrr: micro-batch tasks per clock (default 4 per worker)")
+    g.add_argument("--rebalance-every", type=int,
+                   help="ps-epsp: clocks between re-dealing shares by speed (default 5)")
     g.add_argument("--push-lr-scale", type=float,
                    help="ps-asp/ps-ssp: learning-rate factor per push (default 1/workers)")
     g = p.add_argument_group("statistical model and measurement")
@@ -171,7 +175,8 @@ def scenario_from_args(args) -> tuple:
                     backup_workers=args.backup_workers,
                     communities=(args.communities if args.communities in ("auto", "learned")
                                  else _integer("--communities", args.communities)),
-                    regroup_every=args.regroup_every, push_lr_scale=args.push_lr_scale)
+                    regroup_every=args.regroup_every, tasks_per_clock=args.tasks_per_clock,
+                    rebalance_every=args.rebalance_every, push_lr_scale=args.push_lr_scale)
     return base, workers
 
 

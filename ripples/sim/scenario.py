@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ..ps.policies import STALENESS_POLICIES, make_spec
+from ..ps.policies import STALENESS_POLICIES, TASK_POLICIES, make_spec
 from ..schedule.base import POLICIES
 from .network import Network
 from .stats import Problem
 from .workers import Compute, Speed
 
-PS_POLICIES = ("bsp", "ssp", "asp", "dynsgd", "consgd", "syncopt", "casp")
+PS_POLICIES = ("bsp", "ssp", "asp", "dynsgd", "consgd", "syncopt", "casp", "epsp", "flexrr")
 PS_MODES = tuple(f"ps-{policy}" for policy in PS_POLICIES)
 MODES = ("allreduce", "static", "random", "generator", "generator-node", "adpsgd",
          "adpsgd-sync") + PS_MODES
@@ -48,8 +48,9 @@ class Scenario:
         all-reduce can already run (backward overlap); 0 = none.
     ps_servers: parameter-server modes: servers, each holding an equal shard of the model
         behind its own inter-node link.
-    staleness, backup_workers, communities, regroup_every: the policy's knobs, as
-        ``sync="ps"`` takes them (``ripples.ps.policies.make_spec``).
+    staleness, backup_workers, communities, regroup_every, tasks_per_clock,
+        rebalance_every: the policy's knobs, as ``sync="ps"`` takes them
+        (``ripples.ps.policies.make_spec``; None: its default).
     push_lr_scale: learning-rate factor of ``ps-asp`` and ``ps-ssp``, which apply every
         push alone; None = ``1 / workers`` (as ``benchmarks/ps.py`` runs them).
     """
@@ -77,6 +78,8 @@ class Scenario:
     backup_workers: int = 1
     communities: object = "auto"
     regroup_every: int = 20
+    tasks_per_clock: Optional[int] = None
+    rebalance_every: Optional[int] = None
     push_lr_scale: Optional[float] = None
 
     def __post_init__(self):
@@ -111,7 +114,9 @@ class Scenario:
             staleness=self.staleness if policy in STALENESS_POLICIES else None,
             backup_workers=self.backup_workers,
             communities=self.communities if policy == "casp" else None,
-            regroup_every=self.regroup_every if policy == "casp" else None)
+            regroup_every=self.regroup_every if policy == "casp" else None,
+            tasks_per_clock=self.tasks_per_clock if policy in TASK_POLICIES else None,
+            rebalance_every=self.rebalance_every if policy == "epsp" else None)
 
     def ceiling_steps_per_s(self) -> float:
         """``sum_i v_i``: every worker stepping at its own mean speed, never waiting."""

@@ -89,9 +89,10 @@ class Workers:
         """``worker`` finished computing a gradient at its current parameters."""
         self._pending.append(worker)
 
-    def _gradients(self, workers: np.ndarray) -> np.ndarray:
+    def _gradients(self, workers: np.ndarray, batch: int | None = None) -> np.ndarray:
         p = self.problem
-        index = self._rng.integers(0, p.train_samples, size=(len(workers), p.batch))
+        batch = batch or p.batch
+        index = self._rng.integers(0, p.train_samples, size=(len(workers), batch))
         x, y = self.data.x_train[index], self.data.y_train[index]  # (m, b, d), (m, b)
         params = self.params[workers]
         for i, w in enumerate(workers.tolist() if self._started_at else ()):
@@ -100,17 +101,18 @@ class Workers:
                 params[i] = started_at
         z = np.einsum("mbd,md->mb", x, params)
         residual = 1 / (1 + np.exp(-z)) - y
-        return np.einsum("mb,mbd->md", residual, x) / p.batch
+        return np.einsum("mb,mbd->md", residual, x) / batch
 
     def _apply(self, workers: np.ndarray, gradients: np.ndarray) -> None:
         p = self.problem
         self.momentum[workers] = p.momentum * self.momentum[workers] + gradients
         self.params[workers] -= p.lr * self.momentum[workers]
 
-    def gradient(self, worker: int) -> np.ndarray:
+    def gradient(self, worker: int, batch: int | None = None) -> np.ndarray:
         """A mini-batch gradient at ``worker``'s current parameters, now (parameter-server
-        modes, where the worker pushes it instead of applying it)."""
-        return self._gradients(np.array([worker]))[0]
+        modes, where the worker pushes it instead of applying it); ``batch`` samples
+        (default the problem's batch)."""
+        return self._gradients(np.array([worker]), batch)[0]
 
     def flush(self) -> None:
         """Apply every pending local SGD step (parameter-averaging modes)."""
