@@ -74,6 +74,12 @@ class Config:
     server_cost: the servers' emulated cost per message, ``"FIXED_MS:NS_PER_BYTE"`` (default
         ``"0.2:1"`` once ``server_slowdown`` or this is set).
     seed: seed shared by all ranks for random schedules and injected slowdowns.
+    elastic_dir: ``hvd.elastic`` keeps its last commit here (rank 0 writes it) and asks the
+        launcher for a restart here (``ripplesrun --min-np/--max-np`` sets it); empty for
+        none.
+    min_np, max_np: with ``elastic_dir``: a world shrunk below ``min_np`` stops for a
+        restart at once; one below ``max_np`` stops for a restart at its next ``commit()``,
+        and the launcher starts it again on ``max_np`` ranks from that commit. 0: no bound.
     """
 
     timeout_s: float = 60.0
@@ -97,6 +103,9 @@ class Config:
     server_slowdown: str = ""
     server_cost: str = ""
     seed: int = 0
+    elastic_dir: str = ""
+    min_np: int = 0
+    max_np: int = 0
 
     def __post_init__(self):
         _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
@@ -113,6 +122,9 @@ class Config:
         _require(self.compute_ms >= 0, "compute_ms", self.compute_ms, "a number >= 0")
         _require(self.ps_servers >= 0, "ps_servers", self.ps_servers, "an integer >= 0")
         _require(self.ps_spare >= 0, "ps_spare", self.ps_spare, "an integer >= 0")
+        _require(self.min_np >= 0, "min_np", self.min_np, "an integer >= 0")
+        _require(self.max_np == 0 or self.max_np >= max(self.min_np, 1), "max_np",
+                 self.max_np, f"0 or an integer >= min_np ({self.min_np})")
 
     @property
     def ring_groups(self) -> bool:

