@@ -36,7 +36,11 @@ Designs:
 * ``recv-nanosleep``: the same with the yield done by ``nanosleep`` of ``--nanosleep-us``
   (``OMPI_MCA_threads_pthreads_yield_strategy=nanosleep``): a poll loop in C, but the
   setting applies to every MPI wait of the process (rank 0's collectives included).
-* ``current``: ``ripples.schedule.service.GeneratorService`` as it is in this tree.
+* ``current``: ``ripples.schedule.service.GeneratorService`` as it is in this tree, with
+  the doorbell ``GeneratorSchedule`` sets up (every client rings a UDP socket after each
+  request; the service sleeps in ``select()`` between requests).
+* ``current-nobell``: the same service without a doorbell (its fallback when some rank
+  cannot make one): the nap loop of 100 us doubling to 500 us, 10 ms after a second idle.
 
 Jobs are launched with ``--host localhost:N`` rather than ``--oversubscribe``: Open MPI
 turns ``mpi_yield_when_idle`` on for an oversubscribed job whatever the environment says.
@@ -55,7 +59,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DESIGNS = ("none", "nap", "recv", "recv-yield", "recv-nanosleep", "current")
+DESIGNS = ("none", "nap", "recv", "recv-yield", "recv-nanosleep", "current",
+           "current-nobell")
 TAG_REQUEST, TAG_REPLY = 0x5251, 0x5252
 
 
@@ -113,13 +118,16 @@ def _services():
                 self.error = exc
 
     return {"nap": NapService, "recv": RecvService, "recv-yield": RecvService,
-            "recv-nanosleep": RecvService, "current": GeneratorService}
+            "recv-nanosleep": RecvService, "current": GeneratorService,
+            "current-nobell": GeneratorService}
 
 
-def _ask(comm, rank, request_id, op="groups"):
+def _ask(comm, rank, request_id, op="groups", doorbell=None):
     """One request, answered within the returned latency (a 20 us nap loop)."""
     began = time.perf_counter()
     send = comm.isend((op, rank, request_id), dest=0, tag=TAG_REQUEST)
+    if doorbell is not None:
+        doorbell.ring()
     while True:
         msg = comm.improbe(source=0, tag=TAG_REPLY)
         if msg is not None:
@@ -141,6 +149,8 @@ def worker(args) -> None:
     from mpi4py import MPI
 
     from ripples.schedule import GroupGenerator
+    from ripples.schedule.doorbell import Doorbell
+    from ripples.schedule.service import GeneratorService
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -148,10 +158,14 @@ def worker(args) -> None:
     if len(cores) > 1:  # rank 0 (both its threads) alone on one core, the others elsewhere
         os.sched_setaffinity(0, {cores[0]} if rank == 0 else set(cores[1:]))
     comm = world.Dup()
+    doorbell = Doorbell.setup(comm) if args.design == "current" else None
     service = None
     if rank == 0 and args.design != "none":
         generator = GroupGenerator(size, 2, seed=0, policy="all")
-        service = _services()[args.design](comm, generator)
+        if args.design == "current":
+            service = GeneratorService(comm, generator, doorbell=doorbell)
+        else:
+            service = _services()[args.design](comm, generator)
         service.start()
     clock = None if service is None else time.pthread_getcpuclockid(service._thread.ident)
 
@@ -191,7 +205,7 @@ def worker(args) -> None:
                                         next_ask if asks else end) - now))
             if asks and time.time() >= next_ask:
                 request_id += 1
-                latency = _ask(comm, rank, request_id)
+                latency = _ask(comm, rank, request_id, doorbell=doorbell)
                 if now >= settled:
                     latencies.append(latency)
                 next_ask += interval
@@ -199,10 +213,12 @@ def worker(args) -> None:
         rows[phase] = {"cpu_pct": 100 * (thread_cpu() - cpu0) / measured,
                        "compute_per_s": iterations / measured, "latencies": latencies}
     if args.design != "none":
-        _ask(comm, rank, request_id + 1, "close")
+        _ask(comm, rank, request_id + 1, "close", doorbell)
     if service is not None:
         service.join(30.0)
         assert service.error is None, service.error
+    if doorbell is not None:
+        doorbell.close()
     comm.Free()
     gathered = world.gather({p: r["latencies"] for p, r in rows.items()})
     if rank != 0:

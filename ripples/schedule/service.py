@@ -12,13 +12,17 @@ for other workers), ``"leave"`` (payload: the pairs still buffered for the rank)
 gets exactly one answer, and the service thread stops once every rank has closed, after
 its last answer has been delivered, so no message is left unmatched.
 
-All waits poll (matched probe or request test, then a nap) against a deadline, so a
+Client waits poll (matched probe or request test, then a nap) against a deadline, so a
 missing peer yields :class:`RipplesTimeoutError` instead of a hang. The service thread
-probes for a request (``improbe``), runs the generator's ``poll()`` only after a request or
-a leave and at the generator's ``next_deadline()``, and otherwise sleeps: naps start at
-``poll_interval_s`` after activity and double up to ``MAX_NAP_S`` (500 us), or up to
-``MAX_IDLE_NAP_S`` (10 ms) once nothing has happened for ``IDLE_AFTER_S`` (1 s); no nap
-runs past the next deadline, and ``stop()`` takes effect at the end of the current nap.
+probes for a request (``improbe``) and runs the generator's ``poll()`` only after a request
+or a leave and at the generator's ``next_deadline()``. In between it sleeps in the kernel on
+a doorbell (``doorbell.py``: every client rings a UDP socket after sending a request), until
+a ring, the next deadline or at most ``doorbell.MAX_WAIT_S``; for ``BELL_GRACE_S`` after a
+ring or a request, and while a reply is being sent, it polls with naps instead. Without a
+doorbell (some rank could not make one) it always naps: naps start at ``poll_interval_s``
+after activity and double up to ``MAX_NAP_S`` (500 us), or up to ``MAX_IDLE_NAP_S`` (10 ms)
+once nothing has happened for ``IDLE_AFTER_S`` (1 s); no nap runs past the next deadline.
+``stop()`` rings, and takes effect at once.
 
 Why the thread does not block in an MPI receive: Open MPI 5 has none that sleeps. A
 blocking receive (``comm.recv``, ``Mprobe``, ``Wait`` on an ``Irecv``) runs the progress
@@ -29,10 +33,10 @@ it shared with a compute thread, which lost half its speed. With ``mpi_yield_whe
 (Open MPI's default only in oversubscribed jobs; process-wide) it gave way to that compute
 (1% of the core) but still burned 68-84% of a free core and answered in 5.7 ms (median)
 beside compute; the ``nanosleep`` yield strategy cost 6-10% and slows every MPI wait of
-the process. This loop used 1.0% of a core while idle (the former 100-500 us naps: 4-7%)
+the process. The nap loop used 1.0% of a core while idle (the former 100-500 us naps: 4-7%)
 and 4-7% at 40 requests/s (as those naps: nearly all of it is waking up every 500 us
 between requests), answering in about 1.2 ms (median, client polling included) on that
-loaded machine.
+loaded machine. The doorbell's numbers are in the README ("Group Generator service").
 """
 from __future__ import annotations
 
@@ -43,11 +47,13 @@ from typing import List, Optional
 
 from ..errors import RipplesError, RipplesTimeoutError
 from .base import Assignment, Schedule, check_group_size
+from .doorbell import Doorbell
 from .generator import GroupGenerator
 
 MAX_NAP_S = 5e-4
 IDLE_AFTER_S = 1.0
 MAX_IDLE_NAP_S = 1e-2
+BELL_GRACE_S = 2e-3  # polling after a ring: its MPI message may still be on the way
 TAG_REQUEST = 0x5251
 TAG_REPLY = 0x5252
 SERVICE_RANK = 0
@@ -71,10 +77,13 @@ def require_thread_multiple() -> None:
 class GeneratorService:
     """Runs a :class:`GroupGenerator` in a background thread on rank 0 of ``comm``."""
 
-    def __init__(self, comm, generator: GroupGenerator, poll_interval_s: float = 1e-4):
+    def __init__(self, comm, generator: GroupGenerator, poll_interval_s: float = 1e-4,
+                 doorbell: Optional[Doorbell] = None):
         self.comm = comm
         self.generator = generator
         self.poll_interval_s = poll_interval_s
+        self.doorbell = doorbell
+        self.wakeups = 0  # sleeps that ended (naps and doorbell waits)
         self.closed: set = set()
         self.error: Optional[BaseException] = None
         self.last_activity = time.monotonic()
@@ -91,9 +100,11 @@ class GeneratorService:
         return self._thread.is_alive()
 
     def stop(self) -> None:
-        """Make the thread exit after its current nap (at most ``MAX_IDLE_NAP_S``), even if
-        some ranks never closed."""
+        """Make the thread exit after its current nap (at most ``MAX_IDLE_NAP_S``; at once
+        with a doorbell), even if some ranks never closed."""
         self._stop.set()
+        if self.doorbell is not None:
+            self.doorbell.ring()
 
     def join(self, timeout_s: float) -> None:
         """Wait for the thread; give up after ``timeout_s`` without service activity."""
@@ -112,6 +123,7 @@ class GeneratorService:
         size = self.comm.Get_size()
         nap = self.poll_interval_s
         deadline = None  # the generator's next_deadline(), known since its last event
+        rung = time.monotonic()  # the last ring
         try:
             while len(self.closed) < size and not self._stop.is_set():
                 if self._sends:
@@ -127,8 +139,15 @@ class GeneratorService:
                         self.last_activity = now
                         nap = self.poll_interval_s
                         continue
-                time.sleep(nap if deadline is None else
-                           max(0.0, min(nap, deadline - time.monotonic())))
+                self.wakeups += 1
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                quiet = now - max(rung, self.last_activity) >= BELL_GRACE_S
+                if self.doorbell is not None and quiet and not self._sends:
+                    if self.doorbell.wait(left):
+                        rung = time.monotonic()
+                        nap = self.poll_interval_s
+                    continue
+                time.sleep(nap if left is None else min(nap, left))
                 idle = now - self.last_activity >= IDLE_AFTER_S
                 nap = min(MAX_IDLE_NAP_S if idle else MAX_NAP_S, nap * 2)
             while self._sends and not self._stop.is_set():
@@ -204,8 +223,9 @@ class GeneratorSchedule(Schedule):
         self._ranks_per_node = generator_options.get("ranks_per_node")
         generator = GroupGenerator(size, group_size, seed=seed, policy=policy, batch=batch,
                                    **generator_options)  # validates on every rank alike
+        self._doorbell = Doorbell.setup(comm, SERVICE_RANK)  # collective
         if rank == SERVICE_RANK:
-            self._service = GeneratorService(comm, generator, poll_interval_s)
+            self._service = GeneratorService(comm, generator, poll_interval_s, self._doorbell)
             self._service.start()
 
     def settings(self) -> dict:
@@ -236,8 +256,13 @@ class GeneratorSchedule(Schedule):
         self._held.clear()
         self._closed = self._left = True
         if self._service is not None:
-            self._service.join(self.timeout_s)
+            try:
+                self._service.join(self.timeout_s)
+            finally:
+                self._close_doorbell()
             self._raise_service_error()
+        else:
+            self._close_doorbell()
         if self._free_comm:
             self.comm.Free()
         if unexecuted:
@@ -254,6 +279,13 @@ class GeneratorSchedule(Schedule):
         revoke([self.comm])
         if self._service is not None:
             self._service.stop()
+            self._service._thread.join(1.0)
+        self._close_doorbell()
+
+    def _close_doorbell(self) -> None:
+        if self._doorbell is not None:
+            self._doorbell.close()
+            self._doorbell = None
 
     def _call(self, op: str):
         if self._closed:
@@ -261,6 +293,8 @@ class GeneratorSchedule(Schedule):
         self._request_id += 1
         send = self.comm.isend((op, self.rank, self._request_id), dest=SERVICE_RANK,
                                tag=TAG_REQUEST)
+        if self._doorbell is not None:
+            self._doorbell.ring()
         deadline = time.monotonic() + self.timeout_s
         reply = None
         sent = False

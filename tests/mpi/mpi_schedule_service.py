@@ -112,6 +112,28 @@ def test_service_answers_after_idle_and_at_a_deadline_with_no_other_message():
     comm.Free()
 
 
+def test_an_idle_service_sleeps_on_its_doorbell_and_wakes_for_a_request():
+    from ripples.schedule.doorbell import MAX_WAIT_S
+
+    comm = WORLD.Dup()
+    sched = make_schedule("generator", rank=RANK, size=SIZE, group_size=SIZE, comm=comm,
+                          policy="all", seed=1)
+    service = sched._service
+    WORLD.Barrier()
+    time.sleep(0.1)  # past the grace period after set-up
+    before = service.wakeups if RANK == 0 else 0
+    time.sleep(1.0)  # nobody asks
+    if RANK == 0:
+        assert service.doorbell is not None
+        # the nap loop wakes at least 100 times a second; the doorbell only at MAX_WAIT_S
+        assert service.wakeups - before <= 1.0 / MAX_WAIT_S + 5, service.wakeups - before
+    WORLD.Barrier()
+    assert [group for _, group in sched.groups_for_step(0)] == [tuple(range(SIZE))]
+    assert sched.leave() == []
+    sched.close()
+    comm.Free()
+
+
 def test_stop_ends_an_idle_service_promptly():
     from ripples.schedule import GroupGenerator
     from ripples.schedule.service import GeneratorService
