@@ -64,6 +64,13 @@ def test_decentralized_survivors_finish_whichever_rank_dies(schedule, dead_rank)
     assert "Traceback" not in result.stdout, result.stdout  # no survivor failed, at exit either
 
 
+@pytest.mark.parametrize("dead_rank", [1, 2])  # a passive rank, an active rank
+def test_asynchronous_adpsgd_survivors_take_their_new_roles_and_finish(dead_rank):
+    result, survivors = train_through_a_death(4, "decentralized", "adpsgd", dead_rank, 10)
+    check_survivors(result, survivors, 4, dead_rank, "3")
+    assert "Traceback" not in result.stdout, result.stdout
+
+
 def test_elastic_all_reduce_rolls_back_to_the_last_commit_and_goes_on():
     result, survivors = train_through_a_death(4, "elastic", "-", 2, 12)
     # the global callback (new size), then TorchState's reset callback

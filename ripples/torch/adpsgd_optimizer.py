@@ -27,20 +27,35 @@ bit.
 
 Sizes. With ``n`` ranks there are ``ceil(n/2)`` active and ``floor(n/2)`` passive ranks, so
 odd sizes work; a world of one rank has no passive rank and trains alone.
+
+Dead ranks (``Config.fault_tolerant``). Only ranks that exchange with a dead one see its
+death at once: an active rank whose exchange fails, a passive rank whose responder does
+(its wildcard receive fails when any peer dies). That rank's ``Runtime.recover`` revokes
+this optimizer's communicator with the others, so every rank's next exchange, or its
+responder, fails too, and each survivor recovers at its next ``step()`` (a passive one
+learns from its responder there); all of them meet in the shrink. On the smaller world
+each survivor takes the role of its new rank, with a new communicator and responder, and
+trains on with its model: an active rank whose exchange was cut short puts back the
+tensors it had before it. Lost: the dead rank's progress since its last exchange.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from typing import List
 
 import torch
+from mpi4py import MPI
 
+from ripples.errors import RanksFailedError
 from ripples.schedule.adpsgd import adpsgd_partner, adpsgd_roles, is_active
 from ripples.torch.adpsgd_exchange import Responder, exchange, finish
-from ripples.torch.decentralized_optimizer import current_layout, floating_buffers
+from ripples.torch.decentralized_optimizer import Snapshot, current_layout, floating_buffers
 from ripples.torch.flat_parameters import FlatParameters
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import record
+
+log = logging.getLogger("ripples")
 
 
 class AdpsgdOptimizer(WrappedOptimizer):
@@ -79,13 +94,29 @@ class AdpsgdOptimizer(WrappedOptimizer):
         super().__init__(optimizer, named)
         rt = self._runtime
         self.mode = mode
-        self.active = is_active(rt.rank)
         self.exchanges = 0
         self._model = model
         self._buffers = floating_buffers(model)
         self.flat = FlatParameters(list(named) + self._buffers)
         self._sync_every = sync_every
         self._lock = threading.Lock()
+        self._snapshot = Snapshot()
+        self._left = False
+        self._left_generation = None  # the world in which leave() completed
+        self._closed = False
+        self._join_world(start=False)
+        rt.join_hooks.append(self.leave)
+        rt.abandon_hooks.append(self._abandon_world)
+        rt.rebuild_hooks.append(self._new_world)
+        rt.at_shutdown(self.close)
+        record(self, named, self.close)
+
+    def _join_world(self, start: bool) -> None:
+        """This rank's role, communicator and (passive) responder in the current world
+        (collective: it duplicates the world communicator)."""
+        rt = self._runtime
+        self.active = is_active(rt.rank)
+        self._generation = rt.generation
         self._comm = rt.world.Dup()
         actives, self._passives = adpsgd_roles(rt.size)
         self._responder = None
@@ -93,19 +124,45 @@ class AdpsgdOptimizer(WrappedOptimizer):
             self._responder = Responder(self._comm, rt.rank, actives, self._lock, self._tensors,
                                         self._served, rt.config.timeout_s,
                                         rt.config.stall_warning_s, rt.liveness)
-        self._left = False
-        self._closed = False
-        rt.join_hooks.append(self.leave)
-        rt.at_shutdown(self.close)
-        record(self, named, self.close)
+            if start:
+                self._responder.start()
+
+    def _abandon_world(self) -> None:
+        """Ranks died: revoke the exchanges' communicator (ranks waiting in it stop) and
+        stop the responder, without talking to anyone."""
+        from ripples.comm.failures import revoke
+        revoke([self._comm])
+        if self._responder is not None:
+            self._responder.stop()
+
+    def _new_world(self) -> None:
+        """The survivors are on a smaller world: take this rank's role there (collective
+        over them, called by ``Runtime.recover`` on every survivor in the same order)."""
+        old = self._comm
+        self._join_world(start=True)
+        try:
+            old.Free()
+        except MPI.Exception:  # revoked: nothing to release on the survivors' side
+            pass
+
+    def _recover_from(self, error: BaseException, what: str) -> None:
+        """Raise ``error`` unless it is a dead peer's; then recover (collective over the
+        survivors) and log what was lost."""
+        rank = self._runtime.rank  # the ranks in ``what`` are of the world that lost it
+        failure = self._runtime.raised(error, self._generation)
+        if not isinstance(failure, RanksFailedError):
+            raise failure from error
+        log.warning("rank %d: %s was lost (%s); training goes on with this rank's model",
+                    rank, what, failure)
 
     def step(self, closure=None):
         """The wrapped optimizer's step; then, on an active rank when one is due, an
         exchange with a random passive rank (waits for that exchange only)."""
         if self._left:
             raise RuntimeError(f"rank {self._runtime.rank} called step() after join()")
+        if self._responder is not None and self._responder.error is not None:
+            self._recover_from(self._responder.error, "an exchange this passive rank served")
         if self._responder is not None:
-            self._responder.check()
             self._responder.start()
         self._finish_compute()
         with self.metrics.waiting():  # a passive may wait for one exchange in progress
@@ -125,9 +182,17 @@ class AdpsgdOptimizer(WrappedOptimizer):
         partner = adpsgd_partner(rt.config.seed, rt.rank, self.exchanges, rt.size)
         if partner is None:  # a world of one: nobody to average with
             return
-        with self.metrics.waiting():
-            exchange(self._comm, rt.rank, partner, self._tensors(), self.exchanges,
-                     rt.config.timeout_s, rt.config.stall_warning_s)
+        tensors = self._tensors()
+        if rt.config.fault_tolerant:  # an exchange cut short may leave them half written
+            self._snapshot.save(tensors)
+        try:
+            with self.metrics.waiting():
+                exchange(self._comm, rt.rank, partner, tensors, self.exchanges,
+                         rt.config.timeout_s, rt.config.stall_warning_s)
+        except Exception as error:  # noqa: BLE001 - only a dead peer's is absorbed
+            self._recover_from(error, f"exchange {self.exchanges} with rank {partner}")
+            self._snapshot.restore(tensors)
+            return
         self.exchanges += 1
         self.metrics.add_group(2)
 
@@ -155,16 +220,18 @@ class AdpsgdOptimizer(WrappedOptimizer):
 
     def leave(self) -> None:
         """Stop training on this rank. An active rank tells the passive ranks; a passive
-        rank answers until every active rank has ended (see the class contract)."""
-        if self._left:
+        rank answers until every active rank has ended (see the class contract). After
+        ranks died, ``join()`` calls it again, to leave the survivors' world too."""
+        rt = self._runtime
+        if self._left_generation == rt.generation:
             return
         self._left = True
-        rt = self._runtime
         if self.active:
             finish(self._comm, rt.rank, self._passives, self.exchanges, rt.config.timeout_s,
                    rt.config.stall_warning_s)
         else:
             self._responder.wait()
+        self._left_generation = rt.generation
 
     def close(self) -> None:
         """Leave (as ``join()`` does), free the communicator, and drop out of ``join()``
@@ -179,6 +246,9 @@ class AdpsgdOptimizer(WrappedOptimizer):
             if self._responder is not None:
                 self._responder.stop()
             self._comm.Free()
-            if self.leave in rt.join_hooks:
-                rt.join_hooks.remove(self.leave)
+            for hooks, hook in ((rt.join_hooks, self.leave),
+                                (rt.abandon_hooks, self._abandon_world),
+                                (rt.rebuild_hooks, self._new_world)):
+                if hook in hooks:
+                    hooks.remove(hook)
             rt.cancel_at_shutdown(self.close)

@@ -91,6 +91,28 @@ def current_layout(flat: FlatParameters, named, model, recorded, rank: int):
     return FlatParameters(list(named) + buffers, previous=flat), buffers
 
 
+class Snapshot:
+    """A copy of some tensors, to put back after an averaging a dead peer cut short."""
+
+    def __init__(self):
+        self._saved: Optional[List[torch.Tensor]] = None
+
+    def save(self, tensors: List[torch.Tensor]) -> None:
+        if self._saved is None or [s.shape for s in self._saved] != [t.shape for t in tensors]:
+            self._saved = [t.detach().clone() for t in tensors]
+        else:
+            for saved, tensor in zip(self._saved, tensors):
+                saved.copy_(tensor)
+
+    def restore(self, tensors: List[torch.Tensor]) -> None:
+        """Copy the saved values back into ``tensors`` (nothing if none were saved)."""
+        if self._saved is None:
+            return
+        with torch.no_grad():
+            for saved, tensor in zip(self._saved, tensors):
+                tensor.copy_(saved)
+
+
 class DecentralizedOptimizer(WrappedOptimizer):
     """Local step, then every ``sync_every`` steps a P-Reduce over the schedule's group.
 
@@ -132,7 +154,7 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self._sync_base = 0  # the sync count the schedule's step 0 falls on
         self._in_sync = False
         self.schedule_generation = self._runtime.generation
-        self._snapshot: Optional[List[torch.Tensor]] = None
+        self._snapshot = Snapshot()
         self._model = model
         self._buffers = floating_buffers(model)
         self.flat = FlatParameters(list(named) + self._buffers)
@@ -199,23 +221,12 @@ class DecentralizedOptimizer(WrappedOptimizer):
     def _save(self) -> None:
         """Fault-tolerant mode: keep a copy of the averaged tensors, as an all-reduce cut
         short by a dead member can leave its buffer half summed."""
-        if not self._runtime.config.fault_tolerant:
-            return
-        tensors = self.flat.buffers + [t.detach() for t in self.flat.loose]
-        if self._snapshot is None or [s.shape for s in self._snapshot] != [t.shape for t in tensors]:
-            self._snapshot = [t.detach().clone() for t in tensors]
-        else:
-            for saved, tensor in zip(self._snapshot, tensors):
-                saved.copy_(tensor)
+        if self._runtime.config.fault_tolerant:
+            self._snapshot.save(self.flat.buffers + [t.detach() for t in self.flat.loose])
 
     def _restore(self) -> None:
         """Put back the tensors as they were before the P-Reduce a dead member cut short."""
-        if self._snapshot is None:
-            return
-        tensors = self.flat.buffers + [t.detach() for t in self.flat.loose]
-        with torch.no_grad():
-            for saved, tensor in zip(self._snapshot, tensors):
-                tensor.copy_(saved)
+        self._snapshot.restore(self.flat.buffers + [t.detach() for t in self.flat.loose])
 
     def _abandon_schedule(self) -> None:
         """Ranks died: stop the schedule without talking to anyone (a generator's

@@ -56,9 +56,12 @@ def maybe_die(step):
 loss0 = loss_of(model)
 if mode == "decentralized":
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    # SCHEDULE "adpsgd": asynchronous AD-PSGD (sync="adpsgd") instead of a P-Reduce schedule
+    mode_args = ({"sync": "adpsgd"} if schedule == "adpsgd" else
+                 {"sync": "ripples", "schedule": schedule, "group_size": 2})
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                          named_parameters=model.named_parameters(),
-                                         sync="ripples", schedule=schedule, group_size=2)
+                                         **mode_args)
     done = 0
     for step in range(steps):
         maybe_die(step)
