@@ -107,8 +107,9 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
     join, measure, average. Collective: every rank calls it with the same arguments."""
     rank, size = hvd.rank(), hvd.size()
     model = make_model(data.x_train.shape[1], data.classes, seed)
-    options = {} if sync == "allreduce" else {"schedule": schedule, "group_size": group_size,
-                                              "model": model}
+    options = {"model": model} if sync in ("adpsgd", "adpsgd-sync") else {}
+    if sync == "ripples":
+        options = {"schedule": schedule, "group_size": group_size, "model": model}
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
                                          named_parameters=model.named_parameters(), sync=sync,
                                          **options)
