@@ -8,6 +8,7 @@ import pytest
 from ripples.sim import Compute, Link, Network, Problem, Scenario, Speed, simulate
 from ripples.sim.cli import main as cli_main
 from ripples.sim.ps import ParameterServerRun
+from ripples.sim.ps_eager import EagerRun
 from ripples.sim.ps_tasks import TaskRun
 
 SMALL = Problem(dim=8, train_samples=2048, test_samples=512, lr=0.05, margin=10.0)
@@ -151,6 +152,25 @@ def test_task_modes_apply_every_task_once_within_the_staleness_bound(mode):
         assert run.board.clocks[clock].done == set(range(32))
     assert max(spread) <= 1 + 1  # a worker starts clock c + 1 once round c - 1 is applied
     assert sum(result.steps) >= run.applied * 8  # every applied task was computed
+
+
+def test_eager_computes_one_push_behind_and_scales_by_the_staleness_it_expects():
+    """One worker, free links: its first push expects staleness 1; every later one is
+    computed on the parameters before its previous push (pulls are decoupled), so it expects
+    2 and pushes at half the learning rate."""
+    run = EagerRun(scenario("ps-eager", 1, horizon=1.05), None)
+    result = run.run()
+    assert result.steps == [10] and run.factors == [1.0] + [0.5] * 9
+
+
+def test_eager_hides_the_pull_behind_the_next_step():
+    """One worker, 0.1 s steps, a push or a pull takes 0.15 s. ASP: 0.1 + 0.15 + 0.15 s
+    per step, 25 steps in 10 s. Eager waits only for the pull asked a step earlier, which
+    leaves when its push lands: steps start 0.15 and 0.25 s apart in turn, 50 in 10 s."""
+    net = Network(workers_per_node=1, inter=Link(0.0, 1e9))
+    eager, asp = (simulate(scenario(m, 1, horizon=10.0, network=net, model_bytes=1.5e8))
+                  for m in ("ps-eager", "ps-asp"))
+    assert asp.steps == [25] and eager.steps == [50]
 
 
 def test_ps_knobs_are_checked():

@@ -22,6 +22,7 @@ from ..schedule.adpsgd import adpsgd_partner, is_active
 from ..schedule.base import Assignment
 from .loop import DeadlockError, EventLoop, RunResult  # noqa: F401 (DeadlockError: re-exported)
 from .ps import ParameterServerRun
+from .ps_eager import EagerRun
 from .ps_tasks import TaskRun
 from .scenario import LOCKSTEP_MODES, PS_MODES, Scenario
 from .sources import PerStep, make_generator
@@ -34,6 +35,8 @@ def simulate(scenario: Scenario, progress: Optional[Callable[[float], None]] = N
     then with the simulated time (for a progress bar)."""
     if scenario.mode in ("ps-epsp", "ps-flexrr"):
         return TaskRun(scenario, progress).run()
+    if scenario.mode == "ps-eager":
+        return EagerRun(scenario, progress).run()
     if scenario.mode in PS_MODES:
         return ParameterServerRun(scenario, progress).run()
     return _Run(scenario, progress).run()

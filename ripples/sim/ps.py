@@ -39,7 +39,7 @@ from .loop import EventLoop
 from .scenario import Scenario
 from .stats import Server
 
-PER_PUSH_SCALED = ("asp", "ssp")  # policies whose learning rate push_lr_scale divides
+PER_PUSH_SCALED = ("asp", "ssp", "eager")  # policies whose learning rate push_lr_scale divides
 
 
 class ParameterServerRun(EventLoop):

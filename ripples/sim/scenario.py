@@ -11,7 +11,8 @@ from .network import Network
 from .stats import Problem
 from .workers import Compute, Speed
 
-PS_POLICIES = ("bsp", "ssp", "asp", "dynsgd", "consgd", "syncopt", "casp", "epsp", "flexrr")
+PS_POLICIES = ("bsp", "ssp", "asp", "dynsgd", "consgd", "syncopt", "eager", "casp", "epsp",
+               "flexrr")
 PS_MODES = tuple(f"ps-{policy}" for policy in PS_POLICIES)
 MODES = ("allreduce", "static", "random", "generator", "generator-node", "adpsgd",
          "adpsgd-sync") + PS_MODES
@@ -51,8 +52,8 @@ class Scenario:
     staleness, backup_workers, communities, regroup_every, tasks_per_clock,
         rebalance_every: the policy's knobs, as ``sync="ps"`` takes them
         (``ripples.ps.policies.make_spec``; None: its default).
-    push_lr_scale: learning-rate factor of ``ps-asp`` and ``ps-ssp``, which apply every
-        push alone; None = ``1 / workers`` (as ``benchmarks/ps.py`` runs them).
+    push_lr_scale: learning-rate factor of ``ps-asp``, ``ps-ssp`` and ``ps-eager``, which
+        apply every push alone; None = ``1 / workers`` (as ``benchmarks/ps.py`` runs them).
     """
     mode: str
     workers: int
