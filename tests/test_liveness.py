@@ -45,6 +45,29 @@ def test_a_stale_justification_does_not_count():
     assert not assess({2: PeerState(5 * T, LIMIT + 0.1)}, T).wait
 
 
+def test_a_rank_that_gave_up_is_hung_only_to_waits_that_began_before(monkeypatch):
+    from mpi4py import MPI
+
+    from ripples.comm import liveness as module
+    from ripples.errors import RipplesTimeoutError
+
+    rank = module.Liveness(MPI.COMM_SELF.Dup(), T, T, enabled=False)
+    clock = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(rank, "probe", lambda peers: {p: PeerState(LIMIT + 1, NEVER)
+                                                      for p in peers})
+    rank.enabled, rank._thread = True, object()  # as if its responder ran
+    with pytest.raises(RipplesTimeoutError, match="waiting on each other"):
+        rank.keep_waiting([5], RipplesTimeoutError("allreduce: rank 5 missing", missing=[5]))
+    clock[0] += 0.5  # it left that wait, and computes
+    assert rank.state(asker_waited_s=LIMIT).inside_s == float("inf")  # the same cycle asks
+    assert rank.state(asker_waited_s=0.2) == PeerState(OUTSIDE, NEVER)  # a new wait asks
+    clock[0] += LIMIT
+    assert rank.state(asker_waited_s=LIMIT * 2) == PeerState(OUTSIDE, NEVER)
+    rank._thread = None
+    rank.close()
+
+
 def test_slow_is_not_dead_under_mpiexec():
     run_pytest_under_mpi("mpi_liveness.py", 3, timeout=150, env={"RIPPLES_TIMEOUT_S": "2"})
 

@@ -22,7 +22,9 @@ within the timeout fails the wait, even when it is alive.
 Each rank records when its caller started waiting inside ripples (``enter``/``leave``),
 which is all the responder reports; the decision is the pure function ``assess``. A rank
 that just gave up on peers waiting on each other reports itself hung for a while longer, so
-that the rest of the cycle, asking a moment later, does not take it for a busy rank.
+that the rest of the cycle, asking a moment later, does not take it for a busy rank; only
+to peers whose wait began before it gave up (a question carries how long the asker has
+waited), so that a later, unrelated wait on it while it computes still finds it busy.
 """
 from __future__ import annotations
 
@@ -104,7 +106,8 @@ class Liveness:
         self._justified_at: Optional[float] = None
         self._last_warning = 0.0
         self._last_kept = -math.inf  # when keep_waiting last let a wait go on
-        self._hung_until = -math.inf  # reports a hung wait until then, though it left it
+        self._hung_until = -math.inf  # reports a hung wait until then, though it left it,
+        self._gave_up_at = -math.inf   # ... to askers whose wait began before this
         self._sequence = 0
         self._probe_lock = threading.Lock()
         self._closing = threading.Event()
@@ -126,10 +129,16 @@ class Liveness:
     def leave(self) -> None:
         self._depth = max(0, self._depth - 1)
 
-    def state(self) -> PeerState:
+    def waited_s(self) -> float:
+        """How long the caller has waited inside ripples (0 when it is not waiting)."""
+        return time.monotonic() - self._inside_since if self._depth else 0.0
+
+    def state(self, asker_waited_s: float = math.inf) -> PeerState:
+        """This rank's answer to a peer that has waited ``asker_waited_s``."""
         now = time.monotonic()
         if self._depth == 0:
-            if now < self._hung_until:  # it just gave up on peers waiting on each other
+            # It just gave up on peers waiting on each other: hung to the rest of that cycle.
+            if now < self._hung_until and now - asker_waited_s <= self._gave_up_at:
                 return PeerState(math.inf, NEVER)
             return PeerState(OUTSIDE, NEVER)
         justified = self._justified_at
@@ -173,7 +182,8 @@ class Liveness:
         else:
             # Peers of the same cycle may ask a moment later: this rank is not busy for
             # them, only gone from a wait that could not end.
-            self._hung_until = time.monotonic() + self.timeout_s + grace_s(self.timeout_s)
+            self._gave_up_at = time.monotonic()
+            self._hung_until = self._gave_up_at + self.timeout_s + grace_s(self.timeout_s)
             found = (f"rank(s) {verdict.hung} have themselves waited inside ripples for over "
                      f"{self.timeout_s + grace_s(self.timeout_s):g} s with no busy rank to "
                      "wait for: the members are waiting on each other (a collective some "
@@ -188,9 +198,10 @@ class Liveness:
             self._sequence += 1
             sequence = self._sequence
             answers: Dict[int, Optional[PeerState]] = {}
+            question = (sequence, self.waited_s())
             for peer in peers:
                 try:
-                    self._comm.isend(sequence, dest=peer, tag=_PING)
+                    self._comm.isend(question, dest=peer, tag=_PING)
                 except MPI.Exception:
                     answers[peer] = None
             waiting = [p for p in peers if p not in answers]
@@ -231,9 +242,9 @@ class Liveness:
                     self._closing.wait(_RESPONDER_NAP_S)
                     continue
                 source = status.Get_source()
-                sequence = self._comm.recv(source=source, tag=_PING)
-                sends.append(self._comm.isend((sequence, tuple(self.state())), dest=source,
-                                              tag=_PONG))
+                sequence, asker_waited_s = self._comm.recv(source=source, tag=_PING)
+                sends.append(self._comm.isend((sequence, tuple(self.state(asker_waited_s))),
+                                              dest=source, tag=_PONG))
             except MPI.Exception:  # a peer died mid-message: the others still get answers
                 self._closing.wait(_RESPONDER_NAP_S)
 
