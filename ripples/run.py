@@ -146,7 +146,8 @@ def _make_parser() -> argparse.ArgumentParser:
                               "restarted on M ranks (RIPPLES_MAX_NP; default -np)")
     elastic.add_argument("--elastic-dir", metavar="DIR",
                          help="where rank 0 writes the last commit (a directory rank 0 of "
-                              "every launch can read; default a new temporary one)")
+                              "every launch can read; default a new temporary one); a commit "
+                              "left there by an earlier job is removed at start")
     elastic.add_argument("--max-restarts", type=int, default=3, metavar="K",
                          help="restarts at most (default 3)")
     parser.add_argument("--seed", type=int, metavar="N",
@@ -327,6 +328,8 @@ def run_elastic(args: argparse.Namespace, launch) -> int:
         return launch(args)
     restarts = 0
     current = args
+    # A new job starts afresh: the directory carries commits between launches of one job.
+    elastic_restart.state_path(args.elastic_dir).unlink(missing_ok=True)
     while True:
         elastic_restart.clear_restart(args.elastic_dir)
         code = launch(current)

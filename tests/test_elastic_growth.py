@@ -68,6 +68,14 @@ def test_without_fault_tolerance_a_death_ends_the_job_and_the_launcher_restarts_
     assert "the job failed" in result.stderr, result.stderr
 
 
+def test_a_commit_left_by_an_earlier_job_is_not_resumed(tmp_path):
+    (tmp_path / "dir").mkdir()
+    elastic_restart.state_path(str(tmp_path / "dir")).write_bytes(b"an earlier job's commit")
+    result, steps, results = launch(tmp_path, "--max-np", "3", dead_rank=-1)
+    check_final(result, results)
+    assert {s for _, s, _ in steps} == set(range(1, STEPS + 1))
+
+
 def test_a_failure_before_the_first_commit_is_not_restarted(tmp_path):
     result, steps, _ = launch(tmp_path, "--max-np", "3", die_at=1)
     assert result.returncode != 0

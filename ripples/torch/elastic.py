@@ -14,8 +14,9 @@ written to the elastic directory by rank 0. A world smaller than ``M`` stops at 
 ``commit()``, and one smaller than ``N`` stops as soon as it has rolled back: rank 0 asks
 the launcher for a restart, every rank leaves ``run`` with ``SystemExit(EXIT_RESTART)``,
 and the launcher starts the job again on ``M`` ranks, where ``run`` resumes from that
-commit. ``HostsUpdatedInterrupt`` exists for scripts that catch it, and ripples never
-raises it.
+commit. One elastic state per job: the commit on disk is restored into the state of the
+first ``run`` call of each launch. ``HostsUpdatedInterrupt`` exists for scripts that catch
+it, and ripples never raises it.
 
 Typical use, as with Horovod::
 
@@ -50,6 +51,7 @@ from ripples.optim_wrapper import OptimizerWrapper
 from ripples.torch.functions import broadcast_optimizer_state, broadcast_parameters
 
 HorovodInternalError = RanksFailedError
+_resumed = False  # the commit of a previous launch was looked for (once per process)
 
 
 class HostsUpdatedInterrupt(RipplesError):
@@ -136,10 +138,12 @@ class State:
 
     def resume(self) -> bool:
         """Rank 0 loads the commit a previous launch left in the elastic directory (then
-        ``sync()`` hands it to every rank). Returns whether it did."""
+        ``sync()`` hands it to every rank), once per process. Returns whether it did."""
+        global _resumed
         rt = _runtime.current()
-        if not rt.config.elastic_dir or rt.rank != 0:
+        if not rt.config.elastic_dir or rt.rank != 0 or _resumed:
             return False
+        _resumed = True
         path = elastic_restart.state_path(rt.config.elastic_dir)
         if not path.exists():
             return False
