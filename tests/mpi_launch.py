@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
+PMIX_START_FAILURE = "The PMIx server's listener thread failed to start"
 REPO_DIR = TESTS_DIR.parent
 
 
@@ -59,14 +60,22 @@ def run_mpi(argv: list[str], nprocs: int, timeout: float = 180, env: dict | None
     """
     cmd = [find_mpiexec(), "-n", str(nprocs), "--oversubscribe", "--bind-to", "none",
            *mpiexec_args, *argv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=mpi_env(env), cwd=str(REPO_DIR), start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}")
+    for attempt in range(2):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=mpi_env(env), cwd=str(REPO_DIR),
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}")
+        # Open MPI's launcher itself failed before starting any rank (a rare PMIx start-up
+        # failure, seen once in a full suite): not the code under test; launch once more.
+        if proc.returncode == 0 or PMIX_START_FAILURE not in out or attempt == 1:
+            break
+        print(f"mpiexec failed to start (PMIx), launching again: {' '.join(cmd)}",
+              file=sys.stderr)
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
     if check and proc.returncode != 0:
         pytest.fail(f"exit code {proc.returncode}: {' '.join(cmd)}\n{out}")
