@@ -150,6 +150,8 @@ class AdpsgdOptimizer(WrappedOptimizer):
         survivors) and log what was lost."""
         rank = self._runtime.rank  # the ranks in ``what`` are of the world that lost it
         failure = self._runtime.raised(error, self._generation)
+        if failure is error:
+            raise error
         if not isinstance(failure, RanksFailedError):
             raise failure from error
         log.warning("rank %d: %s was lost (%s); training goes on with this rank's model",
