@@ -32,7 +32,7 @@ class EagerRun(ParameterServerRun):
         self.applied_mine = [0] * n  # this worker's pushes the servers had applied, as told
         self.applied_of = [0] * n    # ... as the servers count them
         self.asked = [False] * n     # a pull is on its way (asked after the last push)
-        self.arrived: List[Optional[Tuple[np.ndarray, int, int]]] = [None] * n
+        self.arrived: List[Optional[Tuple[np.ndarray, int]]] = [None] * n  # params, version
         self.waiting_pull = [False] * n  # the worker ended a step and waits for that pull
         self.factors: List[float] = []
 
@@ -56,7 +56,7 @@ class EagerRun(ParameterServerRun):
     def install_and_go_on(self, w: int) -> None:
         """Install the pull that arrived (if any), ask for the next one, compute."""
         if self.arrived[w] is not None:
-            params, version, _ = self.arrived[w]
+            params, version = self.arrived[w]
             self.stats.params[w] = params
             self.computed_on[w] = version
             self.arrived[w] = None
@@ -73,7 +73,7 @@ class EagerRun(ParameterServerRun):
     def pulled(self, w: int, params: np.ndarray, version: int, applied: int) -> None:
         self.newest_seen[w] = max(self.newest_seen[w], version)
         self.applied_mine[w] = max(self.applied_mine[w], applied)
-        self.arrived[w] = (params, version, applied)
+        self.arrived[w] = (params, version)
         if self.waiting_pull[w]:
             self.waiting_pull[w] = False
             self.install_and_go_on(w)

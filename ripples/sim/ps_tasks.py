@@ -57,8 +57,8 @@ class TaskRun(ParameterServerRun):
         self.ids: List[Dict[int, List[int]]] = [collections.defaultdict(list) for _ in range(n)]
         self.parts: Dict[int, dict] = {}  # clock -> {"sum", "count"} at the servers
         self.applied = 0
-        self.waiting_for: Dict[int, int] = {}  # worker -> clock its pull waits to start
-        self.stolen = 0
+        # clock a pull waits to start -> the workers asking: few keys (at most staleness + 2)
+        self.waiting: Dict[int, List[int]] = collections.defaultdict(list)
 
     def start(self) -> None:
         for w in range(self.s.workers):
@@ -86,7 +86,6 @@ class TaskRun(ParameterServerRun):
             self.own_left[w] = False
         moved = tasks.steal(self.board, w, clock, self.applied)
         if moved is not None:
-            self.stolen += 1
             self.compute(w, moved, self.clock.now + 2 * self.s.network.inter.latency_s)
             return
         self.end_clock(w)
@@ -114,7 +113,7 @@ class TaskRun(ParameterServerRun):
                       self.sums[w].pop(clock), self.ids[w][clock])
         self.ids[w].clear()
         self.clock_of[w] += 1
-        self.waiting_for[w] = self.clock_of[w]
+        self.waiting[self.clock_of[w]].append(w)
         self.answer_pulls()
 
     # -- servers -------------------------------------------------------------------
@@ -132,9 +131,8 @@ class TaskRun(ParameterServerRun):
         self.answer_pulls()
 
     def answer_pulls(self) -> None:
-        for w, clock in list(self.waiting_for.items()):
-            if pull_ready(self.spec, clock, self.applied, 0, ()):
-                del self.waiting_for[w]
+        for clock in [c for c in self.waiting if pull_ready(self.spec, c, self.applied, 0, ())]:
+            for w in self.waiting.pop(clock):
                 self.push(self.transfer(self.links_out), "pulled", w,
                           self.server.params.copy(), self.server.version)
 
