@@ -259,12 +259,17 @@ def test_flexrr_lite_moves_by_count_without_times():
                      rule="random")
 
 
-def test_rebalancing_every_k_clocks_from_measured_times():
+def test_rebalancing_once_measured_then_every_k_clocks():
     b = tk.TaskBoard(num_workers=2, tasks_per_clock=8, staleness=0, rebalance_every=2)
+    tk.open_through(b, 0)
     tk.observe(b, 0, 1.0)
+    tk.open_through(b, 1)  # worker 1 not measured yet: equal shares stay
     tk.observe(b, 1, 3.0)
-    tk.open_through(b, 3)
-    assert [s for _, s in b.stats["shares_log"]] == [[4, 4], [4, 4], [6, 2], [6, 2]]
+    tk.open_through(b, 2)  # both measured: 6 tasks of 1 s against 2 of 3 s
+    b.task_time[1] = 1.0
+    tk.open_through(b, 4)  # clock 3 is one clock after the rebalance; clock 4 is two
+    assert [s for _, s in b.stats["shares_log"]] == [[4, 4], [4, 4], [6, 2], [6, 2], [4, 4]]
+    assert b.stats["rebalances"] == 2
     assert tk.stragglers([6.0, 2.0, 2.1], threshold=0.2) == [0]
 
 
@@ -308,6 +313,7 @@ class Link:
 
     def __init__(self, b):
         self.board, self.queue, self.answers = b, [], {}
+        self.log = []  # (worker, message, or ("pull", after)) in the order sent
 
     def deliver(self):
         for worker, m in self.queue:
@@ -328,6 +334,7 @@ class Link:
             def send(self, server, message):
                 message["rid"] = next(ids)
                 link.queue.append((w, dict(message)))
+                link.log.append((w, dict(message)))
                 return message["rid"]
 
             def poll(self, server, rid):
@@ -339,9 +346,11 @@ class Link:
 
         params = [torch.nn.Parameter(torch.zeros(1))]
         ps = types.SimpleNamespace(worker=w, sid=1, clock=0, timeout_s=5.0, params=params,
-                                   spec=types.SimpleNamespace(
-                                       tasks_per_clock=self.board.tasks_per_clock),
-                                   channel=Channel())
+                                   rounds_known=0, spec=types.SimpleNamespace(
+                                       tasks_per_clock=self.board.tasks_per_clock,
+                                       staleness=self.board.staleness),
+                                   channel=Channel(),
+                                   request_pull=lambda after: link.log.append((w, ("pull", after))))
         return epsp.TaskRunner(ps)
 
 
@@ -374,3 +383,38 @@ def test_workers_compute_every_task_once_while_the_pioneer_takes_the_stragglers(
         assert sorted(runners[w].ids[0]) == sorted(j for _, j in started[w])
     assert not tk.complete(b, 0, 0, runners[0].ids[0])
     assert tk.complete(b, 1, 0, runners[1].ids[0])
+
+
+@pytest.mark.parametrize("clock,asks_a_move", [(0, False), (2, True)])
+def test_a_move_is_asked_only_when_the_gate_may_block(clock, asks_a_move):
+    # Slack 2, no round applied as far as worker 0 knows: after clock 0 the gate cannot
+    # block it (clock 1 needs round -1); after clock 2 it may (clock 3 needs round 1).
+    b = tk.TaskBoard(num_workers=2, tasks_per_clock=4, staleness=2, rebalance_every=None)
+    tk.observe(b, 0, 1.0)
+    tk.observe(b, 1, 3.0)  # worker 1's 2 unclaimed tasks of clock 0: 6 s projected
+    link = Link(b)
+    runner = link.worker(0)
+    runner.ps.clock = clock
+    started = list(runner.tasks())
+    moves = [m for _, m in link.log if isinstance(m, dict) and m["steal"]]
+    assert bool(moves) == asks_a_move
+    # The fake server moves by the board alone (rounds applied 0), so asked moves are
+    # granted: both of worker 1's tasks of clock 0 (6 s, then 3 s, against 2.4 s).
+    assert started[2:] == ([(0, 3), (0, 2)] if asks_a_move else [])
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_the_next_clock_is_claimed_and_pulled_while_the_last_task_computes(staleness):
+    b = tk.TaskBoard(num_workers=2, tasks_per_clock=6, staleness=staleness,
+                     rebalance_every=None)
+    link = Link(b)
+    runner = link.worker(0)
+    seen_at_last_task = None
+    for n, task in enumerate(runner.tasks(), start=1):
+        if n == 3:  # its whole share, claimed; nothing else known
+            seen_at_last_task = list(link.log)
+    next_claims = [m for _, m in seen_at_last_task
+                   if isinstance(m, dict) and not m["steal"] and m["clock"] == 1]
+    pulls = [m for _, m in seen_at_last_task if isinstance(m, tuple)]
+    assert len(next_claims) == 1 and next_claims[0]["count"] >= 1
+    assert pulls == ([("pull", 1)] if staleness else [])

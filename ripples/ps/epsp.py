@@ -26,7 +26,14 @@ published description is silent, and why:
   time anyway (a steal is a round trip too). Before anything is measured, ``L = 1``;
   ``2 L`` is at most ``MAX_AHEAD``.
 - A pioneer asks for a moved task as it starts its last one, so the answer travels while
-  it computes (``tasks.steal``'s ``ahead``); a refusal then costs no waiting.
+  it computes (``tasks.steal``'s ``ahead``); a refusal then costs no waiting. It does not
+  ask when the rounds named in server 0's newest answer already open the gate: server 0
+  would refuse (it moves tasks only to a worker that would block), after a round trip.
+- At that same moment it claims the next clock's first tasks and, with slack (``s >= 1``),
+  asks for the pull that ``step()`` will install, under the next clock's gate, so neither
+  round trip is waited for after the push. The parameters are then at most one task older
+  than those of a pull asked after the push; with ``s = 0`` the gate holds the pull until
+  the clock's own pushes are applied, so it is asked in ``step()``.
 
 Sample order: the infinite stream of epochs (each a permutation of ``range(num_samples)``
 seeded by ``seed + epoch`` when ``shuffle``, else in order) cut into micro-batches; task
@@ -135,7 +142,9 @@ class TaskRunner:
         self.rtt_s: Optional[float] = None
         self._began = 0.0
         self.prefetched: Optional[Tuple[int, dict]] = None  # (clock, claim request)
-        self.stats = {"tasks": 0, "stolen": 0, "task_log": [], "requests": 0}
+        self.next_pull: Optional[Dict[int, int]] = None  # asked during the last task (slack)
+        self.stats = {"tasks": 0, "stolen": 0, "task_log": [], "requests": 0,
+                      "claim_wait_s": 0.0}
 
     def tasks(self) -> Iterator[Tuple[int, int]]:
         """This worker's tasks of its current clock (see the module docstring)."""
@@ -165,7 +174,7 @@ class TaskRunner:
                 request = None
             if not in_hand:
                 if request is None:
-                    if not own_left and not moves:
+                    if not own_left and not (moves and self._may_block(clock)):
                         break
                     request = self._next_request(clock, 0, own_left, moves, computing=False)
                 continue
@@ -173,6 +182,8 @@ class TaskRunner:
             if request is None:
                 request = self._next_request(clock, len(in_hand), own_left, moves,
                                              computing=True)
+            if not own_left and not in_hand and self.prefetched is None:
+                self._ask_for_next_clock(clock)
             self._began = time.monotonic()
             yield task
             self._credit(task)
@@ -185,9 +196,27 @@ class TaskRunner:
         if own_left:
             count = claim_count(in_hand, self.task_s, self.rtt_s)
             return self._request(clock, steal=False, count=count) if count else None
-        if moves and in_hand == 0:
+        if moves and in_hand == 0 and self._may_block(clock):
             return self._request(clock, steal=True, ahead=int(computing))
         return None
+
+    def _may_block(self, clock: int) -> bool:
+        """Could the staleness gate stop this worker after ``clock``, as far as it knows?
+        Rounds only grow, so when the latest answer says no, server 0 would refuse a move
+        (``tasks.steal`` moves tasks only to a worker that would block), and asking would
+        only cost a round trip."""
+        return self.ps.rounds_known < clock + 1 - self.ps.spec.staleness
+
+    def _ask_for_next_clock(self, clock: int) -> None:
+        """As this worker starts what it knows to be its last task of ``clock``: claim the
+        next clock's first tasks and, with slack, ask for the next clock's pull, so that
+        both round trips travel while it computes. The pull carries the gate of clock
+        ``clock + 1``, so its answer is one that waiting for it after the push could also
+        have got (one task older at most)."""
+        self.prefetched = (clock + 1, self._request(
+            clock + 1, steal=False, count=claim_count(0, self.task_s, self.rtt_s)))
+        if self.ps.spec.staleness >= 1:
+            self.next_pull = self.ps.request_pull(after=clock + 1)
 
     def _credit(self, task) -> None:
         """Add the parameters' gradients to ``task``'s clock and time it."""
@@ -216,8 +245,13 @@ class TaskRunner:
 
     def _answer(self, request: dict) -> Tuple[List[Tuple[int, int]], int]:
         """The tasks granted by ``request`` and the own share's unclaimed count."""
-        answer = request["answer"] or self.ps.channel.wait(
-            0, request["rid"], 2 * self.ps.timeout_s, f"worker {self.ps.worker} task claim")
+        answer = request["answer"]
+        if answer is None:
+            began = time.monotonic()
+            answer = self.ps.channel.wait(0, request["rid"], 2 * self.ps.timeout_s,
+                                          f"worker {self.ps.worker} task claim")
+            self.stats["claim_wait_s"] += time.monotonic() - began
+        self.ps.rounds_known = max(self.ps.rounds_known, answer.get("rounds", 0))
         rtt = answer["_arrived"] - request["sent"]
         self.rtt_s = rtt if self.rtt_s is None else (1 - RTT_ALPHA) * self.rtt_s + RTT_ALPHA * rtt
         return [tuple(t) for t in answer["tasks"]], answer["left"]
@@ -232,7 +266,11 @@ class TaskRunner:
             ps.push_sums(self.sums.pop(clock), {"clock": clock, "tasks": self.ids.pop(clock)},
                          skip)
         ps.clock += 1
-        # Claim the next clock's first tasks while the pull waits (claims ignore the gate).
-        self.prefetched = (ps.clock, self._request(
-            ps.clock, steal=False, count=claim_count(0, self.task_s, self.rtt_s)))
-        ps.pull_now()
+        if self.prefetched is None:  # claims ignore the gate: they travel while we pull
+            self.prefetched = (ps.clock, self._request(
+                ps.clock, steal=False, count=claim_count(0, self.task_s, self.rtt_s)))
+        if self.next_pull is not None:
+            pull, self.next_pull = self.next_pull, None
+            ps.install_pull(pull)
+        else:
+            ps.pull_now()

@@ -120,6 +120,7 @@ class PSOptimizer(OptimizerWrapper):
         self.pushes = 0
         self.joined = False
         self.pending_pull: Optional[Dict[int, int]] = None
+        self.rounds_known = 0  # rounds (clocks) applied, as the latest answer said
         self.server_stats: Optional[List[dict]] = None
         self.stats = {"steps": 0, "bytes_pushed_per_server": [0] * len(self.servers),
                       "bytes_pulled_per_server": [0] * len(self.servers), "time_blocked_s": 0.0,
@@ -135,7 +136,7 @@ class PSOptimizer(OptimizerWrapper):
         self.balancer = None
         self.total_pushes = 0  # pushes of all workers, as of the last pull (a CASP round
         # counts once per member): the servers' view of global progress in worker steps
-        self._install_all(self._wait_all(self._request_pull(), "initial pull", count_blocked=False))
+        self._install_all(self._wait_all(self.request_pull(), "initial pull", count_blocked=False))
         self.community = CommunityStep(self) if self.spec.name == "casp" else None
         self.balancer = Balancer(self, self.psld_config) if self.psld_config else None
         self.tasks = TaskRunner(self) if self.spec.name in policies.TASK_POLICIES else None
@@ -200,7 +201,7 @@ class PSOptimizer(OptimizerWrapper):
             if self.balancer is not None:
                 self.balancer.pushing()
             self._push(1.0, skip)
-            answers = self._wait_all(self._request_pull(), f"pull after step {self.clock}")
+            answers = self._wait_all(self.request_pull(), f"pull after step {self.clock}")
             if self.balancer is not None:
                 self.balancer.pulled(answers)
             self._install_all(answers)
@@ -220,7 +221,11 @@ class PSOptimizer(OptimizerWrapper):
 
     def pull_now(self) -> None:
         """Pull after this worker's clock and install the answer (blocking)."""
-        self._install_all(self._wait_all(self._request_pull(), f"pull after step {self.clock}"))
+        self.install_pull(self.request_pull())
+
+    def install_pull(self, rids: Dict[int, int]) -> None:
+        """Wait for the pull asked as ``rids`` and install its answer."""
+        self._install_all(self._wait_all(rids, f"pull after step {self.clock}"))
 
     def push_and_pull(self, skip: bool, extra: dict) -> None:
         """Push the parameters' ``.grad`` with ``extra`` message fields, then pull."""
@@ -265,7 +270,7 @@ class PSOptimizer(OptimizerWrapper):
             rest = {s: rid for s, rid in self.pending_pull.items() if s not in arrived}
             arrived.update(self._wait_all(rest, "eager pull"))
             self._install_all(arrived)
-        self.pending_pull = self._request_pull()
+        self.pending_pull = self.request_pull()
         if lagging:
             self.stats["blocked_by_max_lag"] += 1
             self._install_all(self._wait_all(self.pending_pull, "eager pull (max_lag)"))
@@ -323,7 +328,8 @@ class PSOptimizer(OptimizerWrapper):
         CASP adds communities (the current plan), community (rounds, collective_s, plans
         adopted, bytes pushed and pulled per community by this worker as leader) and
         speed_ema_s; server_load[i]["bytes_in_per_community"] counts what each community
-        pushed. EPSP/FlexRR add tasks (this worker's tasks, stolen ones, task_log) and
+        pushed. EPSP/FlexRR add tasks (this worker's tasks, stolen ones, task_log,
+        requests, claim_wait_s: time waiting for claim or move answers) and
         task_board (server 0: transfers, claims, rebalances, shares_log, transfer_log).
         Before ``join()`` this asks the servers (a round trip).
         """
@@ -457,7 +463,7 @@ class PSOptimizer(OptimizerWrapper):
             raise RipplesError(f"load_state_dict failed on the servers: {problem}")
         self.optimizer.state.clear()
         self._sent_hyper = None
-        self._install_all(self._wait_all(self._request_pull(), "pull after load_state_dict",
+        self._install_all(self._wait_all(self.request_pull(), "pull after load_state_dict",
                                          count_blocked=False))
         self._restore_map()
 
@@ -518,9 +524,12 @@ class PSOptimizer(OptimizerWrapper):
         """The servers this worker pushes to and pulls from under its current map."""
         return list(self.map.members)
 
-    def _request_pull(self) -> Dict[int, int]:
+    def request_pull(self, after: Optional[int] = None) -> Dict[int, int]:
+        """Ask every server for its parameters once the gate lets clock ``after`` (default:
+        this worker's clock) start."""
+        after = self.clock if after is None else after
         return {s: self.channel.send(s, {"kind": "pull", "sid": self.sid, "w": self.worker,
-                                         "after": self.clock, "map": self.map.version})
+                                         "after": after, "map": self.map.version})
                 for s in self.members()}
 
     def _wait_all(self, rids: Dict[int, int], what: str, count_blocked=True) -> Dict[int, dict]:
@@ -548,8 +557,9 @@ class PSOptimizer(OptimizerWrapper):
         self.total_pushes = max(self.total_pushes, first.get("total_pushes", 0))
         if "min_pushes" in first:
             self.stats["gate_log"].append((first["pushes"], first["min_pushes"]))
+        self.rounds_known = max(self.rounds_known, min(a["rounds"] for a in answers.values()))
         if self.spec.name == "syncopt":
-            self.clock = max(self.clock, min(a["rounds"] for a in answers.values()))
+            self.clock = max(self.clock, self.rounds_known)
 
     def move_chunks(self, owners, active=None) -> int:
         """Announce a new chunk map (worker 0, between steps, ``policy="bsp"``): chunk ``i``

@@ -453,8 +453,8 @@ class Session:
         else:
             granted = tasks.claim(self.board, worker, clock, message.get("count", 1))
         self.server.reply(worker, {"rid": message["rid"], "tasks": granted,
-                                   "left": tasks.unclaimed(self.board, worker, clock)},
-                          self.delay_s)
+                                   "left": tasks.unclaimed(self.board, worker, clock),
+                                   "rounds": self.rounds.applied}, self.delay_s)
 
     def on_task_push(self, worker: int, message: dict) -> None:
         """Add one worker's summed task gradients to its clock; apply complete clocks."""

@@ -30,7 +30,11 @@ Choices where the published description is silent, and why:
   travels meanwhile); the move must then beat ``1 + ahead`` of its task times.
   FlexRR-lite uses ``rule="most_remaining"`` instead: the worker with the most unclaimed
   tasks, any time it has more than one, without time measurements.
-- *Rebalancing*: shares follow speed, rounded to whole tasks so that the projected clock
+- *Rebalancing*: the first clock opened once every worker has a measured time is
+  rebalanced, then every ``rebalance_every`` clocks after it. The shares before are a guess
+  (equal), so waiting ``rebalance_every`` clocks to replace them would run those clocks at
+  the straggler's pace (transfers recover little of it: the straggler has claimed most of
+  its share by the time a pioneer asks). Shares follow speed, rounded to whole tasks so that the projected clock
   time (the largest share times its worker's time per task) is as short as possible: each
   task goes, one by one, to the worker that would finish it first. This is proportional
   to speed up to rounding; largest-remainder rounding of the proportional shares can leave
@@ -98,6 +102,7 @@ class TaskBoard:
     task_time: Dict[int, float] = dataclasses.field(default_factory=dict)
     clocks: Dict[int, ClockTasks] = dataclasses.field(default_factory=dict)
     opened: int = 0
+    last_rebalance: Optional[int] = None  # the clock that opened with the latest rebalance
     stats: Dict[str, object] = dataclasses.field(default_factory=lambda: {
         "transfers": 0, "claims": 0, "rebalances": 0, "shares_log": [], "transfer_log": []})
 
@@ -122,14 +127,23 @@ def time_per_task(board: TaskBoard, worker: int) -> float:
     return sum(known) / len(known) if known else 1.0
 
 
+def rebalance_due(board: TaskBoard, clock: int) -> bool:
+    """Does ``clock`` open with shares rebalanced? Once every worker is measured, at the
+    first clock opened after that, then every ``rebalance_every`` clocks."""
+    if not board.rebalance_every or clock == 0 or len(board.task_time) < board.num_workers:
+        return False
+    last = board.last_rebalance
+    return last is None or clock - last >= board.rebalance_every
+
+
 def open_through(board: TaskBoard, clock: int) -> None:
-    """Open every clock up to ``clock``, rebalancing every ``rebalance_every`` clocks."""
+    """Open every clock up to ``clock``, rebalancing when ``rebalance_due``."""
     while board.opened <= clock:
         c = board.opened
-        if board.rebalance_every and c > 0 and c % board.rebalance_every == 0 \
-                and len(board.task_time) == board.num_workers:
+        if rebalance_due(board, c):
             times = [time_per_task(board, w) for w in range(board.num_workers)]
             board.shares = balanced_shares(times, board.tasks_per_clock)
+            board.last_rebalance = c
             board.stats["rebalances"] += 1
         board.stats["shares_log"].append((c, list(board.shares)))
         board.clocks[c] = ClockTasks([collections.deque(run) for run in deal(board.shares)])
