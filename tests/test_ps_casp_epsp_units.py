@@ -399,8 +399,10 @@ def test_a_move_is_asked_only_when_the_gate_may_block(clock, asks_a_move):
     moves = [m for _, m in link.log if isinstance(m, dict) and m["steal"]]
     assert bool(moves) == asks_a_move
     # The fake server moves by the board alone (rounds applied 0), so asked moves are
-    # granted: both of worker 1's tasks of clock 0 (6 s, then 3 s, against 2.4 s).
-    assert started[2:] == ([(0, 3), (0, 2)] if asks_a_move else [])
+    # granted: worker 1's unclaimed tasks (6 s, then 3 s, against 2.4 s), first of the
+    # clock worker 0 waits for, then of the later ones up to its own.
+    assert started[2:] == ([(0, 3), (0, 2), (1, 3), (1, 2), (2, 3), (2, 2)]
+                           if asks_a_move else [])
 
 
 @pytest.mark.parametrize("staleness", [0, 2])

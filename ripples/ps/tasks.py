@@ -10,7 +10,10 @@ clock opens, its task ids are dealt to the workers as consecutive runs by the cu
 (``claim(..., count)``), and starts only tasks it has claimed: a claim is the owner's
 confirmation that it will start them. When its queue is empty and it would block (the
 staleness gate does not let it start its next clock), it may *steal* the last unclaimed
-task of another worker's queue. A task is claimed at most once, by construction: a claim
+task of another worker's queue: in the oldest clock it waits for that has a victim, else
+in a later clock up to its own (moving work off a straggler's next clocks shortens the
+waits to come; without this, a straggler that claims a few tasks ahead has nothing left
+to move in the clock it is computing, and slack would never move anything). A task is claimed at most once, by construction: a claim
 and a steal of the same task are two messages to the same server, and the second finds it
 gone; a task stays stealable until its owner's claim reaches the server, and once claimed
 it is out of reach. A push names the tasks whose gradients it carries; ``complete``
@@ -185,10 +188,15 @@ def steal(board: TaskBoard, worker: int, clock: int, rounds_complete: int,
           ahead: int = 0) -> Optional[Task]:
     """A task moved to ``worker``, which has claimed its share of ``clock`` and would block:
     it may start clock ``clock + 1`` only once ``rounds_complete >= clock + 1 - staleness``.
-    ``ahead``: tasks ``worker`` computes before it can start the moved one. Returns None
-    when it would not block or no move shortens a blocking clock."""
+    ``ahead``: tasks ``worker`` computes before it can start the moved one. The task comes
+    from the oldest clock in ``[rounds_complete, clock]`` where a move shortens that
+    clock. Returns None when it would not block or no move shortens any of them."""
     open_through(board, clock)
-    for c in range(rounds_complete, clock + 1 - board.staleness):
+    if rounds_complete >= clock + 1 - board.staleness:
+        return None  # it would not block
+    # The clocks it waits for first; then later ones up to its own, whose moved tasks
+    # shorten the waits to come.
+    for c in range(rounds_complete, clock + 1):
         victim = _victim(board, worker, c, ahead)
         if victim is not None:
             tasks = board.clocks[c]
