@@ -19,6 +19,7 @@ from ripples.config import Config
 from ripples.ops.collectives import allgather_as_joined, broadcast_as_joined
 from ripples.ops.engine import Engine
 from ripples.ops.fusion import FusionBuffers
+from ripples.comm.nccl_watchdog import NcclWatchdog
 from ripples.ops.gpu import NcclCache
 from ripples.ops.reduction import participate_with_identity, reduce_requests
 
@@ -93,7 +94,7 @@ def attach_engine(runtime: _runtime.Runtime) -> None:
     """Give ``runtime`` what its collectives run on: the NCCL communicator cache, the group
     communicator cache (which drops a group's NCCL communicator with its MPI one), the
     fusion buffers and the engine."""
-    runtime.nccl = NcclCache()
+    runtime.nccl = NcclCache(NcclWatchdog(runtime.config.timeout_s))
     runtime.cache = CommunicatorCache(runtime.world, runtime.config.cache_capacity,
                                       on_free=runtime.nccl.drop)
     runtime.buffers = FusionBuffers()

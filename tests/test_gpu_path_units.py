@@ -47,3 +47,50 @@ def test_a_group_keeps_its_nccl_communicator_on_one_device():
     assert isinstance(cache.get((0, 1), mpi_comm, torch.device("cuda", 0)), Built)
     with pytest.raises(ValueError, match=r"group \(0, 1\) got a tensor on cuda:1.*cuda:0"):
         cache.get((0, 1), mpi_comm, torch.device("cuda", 1))
+
+
+def test_an_nccl_operation_past_its_deadline_aborts_the_communicator_and_names_the_group(
+        monkeypatch):
+    """The wiring of NcclCommunicator to its watchdog, with fake CUDA events and stream
+    (the logic itself: tests/test_nccl_watchdog.py)."""
+    from ripples.comm.nccl import NcclCommunicator
+    from ripples.comm.nccl_watchdog import NcclWatchdog
+    from ripples.errors import RipplesTimeoutError
+
+    class Event:
+        def __init__(self):
+            self.recorded_on = None
+
+        def record(self, stream):
+            self.recorded_on = stream
+
+        def query(self):
+            return self is events[0]  # the operation began; it never finishes
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "Event", lambda: events.append(Event()) or events[-1])
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device: type("Stream", (), {"cuda_stream": 7})())
+    calls = []
+
+    class Comm:
+        def allReduce(self, *args):
+            calls.append(args)
+
+        def abort(self):
+            calls.append("abort")
+
+    now = [0.0]
+    dog = NcclWatchdog(5.0, clock=lambda: now[0], start_thread=False)
+    comm = object.__new__(NcclCommunicator)  # no cupy here: set what __init__ would
+    comm._comm, comm.watchdog, comm.label = Comm(), dog, "group (0, 3)"
+    comm._nccl = type("Nccl", (), {"NcclError": RuntimeError})
+    comm.rank, comm.size, comm.device = 0, 2, torch.device("cuda", 0)
+    comm._call("allreduce", comm._comm.allReduce, 1, 2, 3)
+    assert calls == [(1, 2, 3, 7)] and len(dog.pending) == 1
+    dog.check()  # began: its clock starts
+    now[0] = 5.5
+    dog.check()
+    assert calls[-1] == "abort" and comm._comm is None
+    with pytest.raises(RipplesTimeoutError, match=r"NCCL allreduce on group \(0, 3\)"):
+        comm._check(torch.zeros(1), "tensor")

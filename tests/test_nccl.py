@@ -42,6 +42,25 @@ DTYPES = [torch.float16, torch.float32, torch.float64, torch.int32, torch.int64]
 
 
 @pytest.mark.gpu
+def test_world_of_one_under_a_watchdog_completes_and_is_forgotten():
+    require_gpu()
+    from cupy.cuda import nccl
+
+    from ripples.comm.nccl_watchdog import NcclWatchdog
+
+    dog = NcclWatchdog(30.0, start_thread=False)
+    comm = backend.NcclCommunicator(1, nccl.get_unique_id(), 0, torch.device("cuda", 0),
+                                    watchdog=dog, label="world")
+    x = torch.ones(1 << 20, device="cuda")
+    comm.allreduce(x, x, "sum")
+    assert len(dog.pending) == 1
+    torch.cuda.synchronize()
+    dog.check()
+    assert dog.pending == [] and dog.failures == {}
+    comm.close()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", backend.OPS)
 def test_world_of_one_allreduce_is_identity(world_of_one, dtype, op):

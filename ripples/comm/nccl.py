@@ -63,7 +63,8 @@ class NcclCommunicator:
     Tensors must be contiguous CUDA tensors on this communicator's device.
     """
 
-    def __init__(self, size: int, unique_id, rank: int, device: Union[torch.device, int, None] = None):
+    def __init__(self, size: int, unique_id, rank: int, device: Union[torch.device, int, None] = None,
+                 watchdog=None, label: str = "an NCCL communicator"):
         nccl = _import_nccl()
         import cupy
 
@@ -72,6 +73,8 @@ class NcclCommunicator:
         if not isinstance(rank, int) or not 0 <= rank < size:
             raise ValueError(f"rank must be an int in [0, {size}), got {rank!r}")
         self._nccl = nccl
+        self.watchdog = watchdog  # a ripples.comm.nccl_watchdog.NcclWatchdog, or None
+        self.label = label
         self.size = size
         self.rank = rank
         self.device = _as_cuda_device(device)
@@ -89,14 +92,17 @@ class NcclCommunicator:
                                f"{exc}") from exc
 
     @classmethod
-    def from_mpi(cls, mpi_comm, device: Union[torch.device, int, None] = None) -> "NcclCommunicator":
+    def from_mpi(cls, mpi_comm, device: Union[torch.device, int, None] = None,
+                 watchdog=None, label: str = "an NCCL communicator") -> "NcclCommunicator":
         """Bootstrap over ``mpi_comm`` (an mpi4py communicator): collective over all its
-        ranks, which must all call it. NCCL rank and size equal the MPI ones."""
+        ranks, which must all call it. NCCL rank and size equal the MPI ones. With a
+        ``watchdog``, each operation that runs past its timeout aborts the communicator,
+        and the next call raises ``RipplesTimeoutError`` naming ``label``."""
         nccl = _import_nccl()
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         unique_id = nccl.get_unique_id() if rank == 0 else None
         unique_id = mpi_comm.bcast(unique_id, root=0)
-        return cls(size, unique_id, rank, device)
+        return cls(size, unique_id, rank, device, watchdog, label)
 
     # -- collectives ---------------------------------------------------------------------
 
@@ -149,6 +155,13 @@ class NcclCommunicator:
         if comm is not None:
             comm.destroy()
 
+    def abort(self) -> None:
+        """``ncclCommAbort``: pending operations return unfinished and the communicator is
+        gone (the watchdog calls this past an operation's deadline)."""
+        comm, self._comm = getattr(self, "_comm", None), None
+        if comm is not None:
+            comm.abort()
+
     def __enter__(self):
         return self
 
@@ -177,6 +190,8 @@ class NcclCommunicator:
             scale_(tensor, post_scale)
 
     def _check(self, tensor, name: str, like: Optional[torch.Tensor] = None) -> None:
+        if self.watchdog is not None:
+            self.watchdog.raise_if_failed(self.label)
         if self._comm is None:
             raise RipplesError("NcclCommunicator is closed")
         if not isinstance(tensor, torch.Tensor):
@@ -194,12 +209,19 @@ class NcclCommunicator:
             raise TypeError(f"{name} has dtype {tensor.dtype} but must match {like.dtype}")
 
     def _call(self, what: str, fn, *args) -> None:
-        stream = torch.cuda.current_stream(self.device).cuda_stream
+        stream = torch.cuda.current_stream(self.device)
+        if self.watchdog is not None:
+            began = torch.cuda.Event()
+            began.record(stream)
         try:
-            fn(*args, stream)
+            fn(*args, stream.cuda_stream)
         except self._nccl.NcclError as exc:
             raise RipplesError(f"NCCL {what} failed on rank {self.rank} of {self.size}: "
                                f"{exc}") from exc
+        if self.watchdog is not None:
+            done = torch.cuda.Event()
+            done.record(stream)
+            self.watchdog.track(what, self.label, began, done, self.abort)
 
 
 def _as_cuda_device(device) -> torch.device:

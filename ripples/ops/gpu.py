@@ -41,10 +41,12 @@ def nccl_operation(op: ReduceOp, dtype: torch.dtype, active: int, members: int) 
 
 class NcclCache:
     """NCCL communicators keyed by group, each tied to the MPI communicator it came from
-    and built on the device of the first tensor that needed it."""
+    and built on the device of the first tensor that needed it. With a ``watchdog``
+    (``ripples.comm.nccl_watchdog``), every operation on them is bounded by its timeout."""
 
-    def __init__(self):
+    def __init__(self, watchdog=None):
         self._entries: dict = {}
+        self.watchdog = watchdog
 
     def get(self, group, mpi_comm, device: torch.device):
         """``group``'s NCCL communicator on ``device`` (built over ``mpi_comm``, collective
@@ -60,7 +62,8 @@ class NcclCache:
                     "each rank's tensors on one GPU (torch.cuda.set_device(local_rank))")
             return entry[1]
         self.drop(group)
-        nccl = NcclCommunicator.from_mpi(mpi_comm, device=device)
+        nccl = NcclCommunicator.from_mpi(mpi_comm, device=device, watchdog=self.watchdog,
+                                         label=f"group {tuple(group)}")
         self._entries[group] = (mpi_comm, nccl)
         return nccl
 
@@ -72,6 +75,8 @@ class NcclCache:
     def close(self) -> None:
         for group in list(self._entries):
             self.drop(group)
+        if self.watchdog is not None:
+            self.watchdog.close()
 
 
 def reduce_on_gpu(runtime, comm, group, pairs, op: ReduceOp, active: int, prescale: float,

@@ -1,0 +1,127 @@
+"""Bounded waits for NCCL work: a watchdog that aborts a communicator whose operation has
+run past its deadline.
+
+An NCCL call returns once its work is enqueued on a stream. If a member died, or never
+launches its half, the kernel waits forever, and so does everything queued behind it on
+the stream and any host wait on it. So each enqueued operation is tracked by two CUDA
+events, one recorded just before it and one just after. The watchdog polls them:
+
+- The clock of an operation starts when its ``began`` event is first seen complete, that
+  is, when this GPU reached the operation. Compute queued ahead of it on the stream does
+  not count: a busy GPU is slow, not dead.
+- When its ``done`` event is still pending ``timeout_s`` after that, the watchdog calls the
+  communicator's ``abort`` (``ncclCommAbort``: the pending kernels return and the stream
+  moves on). It records a ``RipplesTimeoutError`` naming the operation, the communicator
+  and the wait, and drops that communicator's other pending operations.
+- ``raise_if_failed(label)`` raises the recorded error. The communicator calls it before
+  each new operation, so the next collective on the group fails clearly instead of hanging.
+  The error stays recorded: an aborted communicator cannot be used again.
+
+Polling runs on one daemon thread, started with the first tracked operation; it sleeps
+``poll_s`` between passes and waits on a condition while nothing is tracked. The clock and
+the events are injected (``clock``, objects with ``query()``), so the logic is tested
+without a GPU; ``check()`` is one pass, for tests and for the thread.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+from ..errors import RipplesTimeoutError
+
+
+@dataclasses.dataclass
+class Pending:
+    """One enqueued operation: its name, communicator label, events and abort."""
+
+    what: str
+    label: str
+    began: object  # has query() -> bool (a torch.cuda.Event)
+    done: object
+    abort: Callable[[], None]
+    started_at: Optional[float] = None  # when ``began`` was first seen complete
+
+
+class NcclWatchdog:
+    """Tracks enqueued NCCL operations and aborts those past ``timeout_s`` (see the module
+    docstring)."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                 poll_s: float = 0.05, start_thread: bool = True):
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.poll_s = poll_s
+        self.start_thread = start_thread
+        self.pending: List[Pending] = []
+        self.failures: Dict[str, RipplesTimeoutError] = {}
+        self._cond = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+
+    def track(self, what: str, label: str, began, done, abort: Callable[[], None]) -> None:
+        """Watch one operation enqueued between events ``began`` and ``done``."""
+        with self._cond:
+            self.pending.append(Pending(what, label, began, done, abort))
+            if self.start_thread and self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="ripples-nccl-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def raise_if_failed(self, label: str) -> None:
+        """Raise the error recorded for communicator ``label``, if any."""
+        with self._cond:
+            failure = self.failures.get(label)
+        if failure is not None:
+            raise failure
+
+    def check(self) -> None:
+        """One pass: forget completed operations; abort the communicators of expired ones."""
+        to_abort = []
+        with self._cond:
+            now = self.clock()
+            expired, kept = set(), []
+            for op in self.pending:
+                if op.done.query():
+                    continue
+                if op.started_at is None and op.began.query():
+                    op.started_at = now
+                if op.started_at is not None and now - op.started_at > self.timeout_s:
+                    expired.add(op.label)
+                    if op.label not in self.failures:  # one abort per communicator
+                        self.failures[op.label] = RipplesTimeoutError(
+                            f"NCCL {op.what} on {op.label} did not complete within "
+                            f"{self.timeout_s:.1f} s of starting on this GPU (a member dead, "
+                            f"or stuck before its half of it?); the communicator was aborted")
+                        to_abort.append(op)
+                else:
+                    kept.append(op)
+            self.pending = [op for op in kept if op.label not in expired]
+        for op in to_abort:  # outside the lock: an abort may take a while
+            op.abort()
+
+    def close(self) -> None:
+        """Stop the thread (pending operations are no longer watched)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                if not self.pending:
+                    self._cond.wait()
+                    continue
+            self.check()
+            with self._cond:
+                if not self._closed:
+                    self._cond.wait(self.poll_s)

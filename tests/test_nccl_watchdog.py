@@ -1,0 +1,95 @@
+"""The NCCL watchdog's logic, with a fake clock and fake CUDA events (no GPU needed)."""
+import threading
+
+import pytest
+
+from ripples.comm.nccl_watchdog import NcclWatchdog
+from ripples.errors import RipplesTimeoutError
+
+
+class Event:
+    def __init__(self, complete=False):
+        self.complete = complete
+
+    def query(self):
+        return self.complete
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def watchdog(timeout_s=5.0):
+    clock = Clock()
+    return NcclWatchdog(timeout_s, clock=clock, start_thread=False), clock
+
+
+def test_completed_work_is_forgotten_and_nothing_is_aborted():
+    dog, clock = watchdog()
+    aborted = []
+    dog.track("allreduce", "group (0, 1)", Event(True), Event(True), lambda: aborted.append(1))
+    clock.now += 60
+    dog.check()
+    assert dog.pending == [] and aborted == []
+    dog.raise_if_failed("group (0, 1)")  # nothing recorded
+
+
+def test_a_gpu_busy_before_the_operation_is_slow_not_dead():
+    dog, clock = watchdog(timeout_s=5.0)
+    began, done, aborted = Event(), Event(), []
+    dog.track("allreduce", "group (0, 1)", began, done, lambda: aborted.append(1))
+    for _ in range(10):  # 50 s of compute queued ahead of it on the stream
+        clock.now += 5
+        dog.check()
+    began.complete = True
+    dog.check()  # its clock starts now
+    clock.now += 4.9
+    dog.check()
+    assert aborted == [] and len(dog.pending) == 1
+    done.complete = True
+    clock.now += 1
+    dog.check()
+    assert aborted == [] and dog.pending == []
+
+
+def test_an_operation_past_its_deadline_aborts_its_communicator_once_and_names_it():
+    dog, clock = watchdog(timeout_s=5.0)
+    aborted = []
+    dog.track("allreduce", "group (0, 2)", Event(True), Event(), lambda: aborted.append("a"))
+    dog.track("broadcast", "group (0, 2)", Event(), Event(), lambda: aborted.append("a2"))
+    other_done = Event()
+    dog.track("allreduce", "group (1, 3)", Event(True), other_done, lambda: aborted.append("b"))
+    dog.check()
+    clock.now += 3
+    dog.check()
+    assert aborted == []
+    clock.now += 2.5  # 5.5 s since both started
+    other_done.complete = True  # the other group finished meanwhile
+    dog.check()
+    assert aborted == ["a"]  # one abort for the group; its later operation is dropped
+    assert dog.pending == []
+    with pytest.raises(RipplesTimeoutError, match=r"NCCL allreduce on group \(0, 2\).*5\.0 s"):
+        dog.raise_if_failed("group (0, 2)")
+    with pytest.raises(RipplesTimeoutError):  # stays failed: the communicator is gone
+        dog.raise_if_failed("group (0, 2)")
+    dog.raise_if_failed("group (1, 3)")
+
+
+def test_the_thread_aborts_on_its_own_and_closes():
+    dog = NcclWatchdog(0.2, poll_s=0.01)
+    aborted = threading.Event()
+    dog.track("allgather", "world", Event(True), Event(), aborted.set)
+    assert aborted.wait(5.0)
+    with pytest.raises(RipplesTimeoutError, match="allgather on world"):
+        dog.raise_if_failed("world")
+    dog.close()
+    assert dog._thread is None
+
+
+def test_the_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="timeout_s"):
+        NcclWatchdog(0)
