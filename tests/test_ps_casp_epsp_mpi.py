@@ -26,6 +26,7 @@ def test_casp_stalled_member_fails_its_community_and_the_other_continues():
 
 def test_epsp_and_flexrr_apply_every_task_exactly_once_with_transfers():
     out = run_mpi(script("mpi_ps_epsp.py"), 4, timeout=150).stdout
+    assert "epsp patterns s=0 OK" in out and "epsp patterns s=2 OK" in out
     assert "epsp OK" in out
 
 

@@ -59,9 +59,45 @@ def session(context, policy, staleness, **kw):
     return board, m
 
 
+def training_patterns(context, staleness):
+    """A user's loop on EPSP: a StepLR schedule stepped per clock, a frozen parameter, and an
+    evaluation pause of 1 s on worker 1 between two clocks (slow, not dead). The loss is
+    linear, so the final parameters are exact: minus the sum over clocks of the scheduled
+    rate times the clock's global-batch gradient, whatever staleness."""
+    worker = context.worker
+    x = data()
+    param = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    frozen = torch.nn.Parameter(torch.ones(2, dtype=torch.float64), requires_grad=False)
+    ps = PSOptimizer(torch.optim.SGD([param, frozen], lr=0.5), [("w", param), ("f", frozen)],
+                     context, policy="epsp", staleness=staleness, tasks_per_clock=TASKS,
+                     timeout_s=20)
+    schedule = torch.optim.lr_scheduler.StepLR(ps, step_size=3, gamma=0.5)
+    sampler = TaskSampler(ps, SAMPLES, MICRO, seed=5)
+    expected = torch.zeros(3, dtype=torch.float64)
+    for clock in range(CLOCKS):
+        for indices in sampler:
+            time.sleep(0.03 if worker == 2 else 0.005)
+            (x[indices] @ param + frozen.sum()).mean().backward()
+        ps.step()
+        rate = 0.5 * 0.5 ** (clock // 3)
+        expected -= rate * sum(x[sampler.indices(clock, j)].mean(0) for j in range(TASKS)) / TASKS
+        schedule.step()
+        if clock == 3 and worker == 1:
+            time.sleep(1.0)
+    ps.join()
+    check(torch.allclose(param.detach(), expected, rtol=0, atol=1e-12),
+          f"patterns s={staleness}: {param.tolist()} != {expected.tolist()}")
+    check(torch.equal(frozen.detach(), torch.ones(2, dtype=torch.float64)),
+          f"patterns s={staleness}: the frozen parameter moved: {frozen.tolist()}")
+    if worker == 0:
+        print(f"epsp patterns s={staleness} OK", flush=True)
+
+
 def main():
     context, worker, workers = begin(1, timeout_s=20)
     check(workers == 3, "run with 4 ranks")
+    for staleness in (0, 2):
+        training_patterns(context, staleness)
     results = {}
     for policy, staleness, kw in (("epsp", 0, {"rebalance_every": 4}),
                                   ("epsp", 2, {"rebalance_every": 4}),
