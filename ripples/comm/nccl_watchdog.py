@@ -8,7 +8,9 @@ events, one recorded just before it and one just after. The watchdog polls them:
 
 - The clock of an operation starts when its ``began`` event is first seen complete, that
   is, when this GPU reached the operation. Compute queued ahead of it on the stream does
-  not count: a busy GPU is slow, not dead.
+  not count: a busy GPU is slow, not dead. A peer's GPU still busy with work queued before
+  its half does count, so ``timeout_s`` must exceed the GPU time by which a rank can lag
+  behind its peers.
 - When its ``done`` event is still pending ``timeout_s`` after that, the watchdog calls the
   communicator's ``abort`` (``ncclCommAbort``: the pending kernels return and the stream
   moves on). It records a ``RipplesTimeoutError`` naming the operation, the communicator

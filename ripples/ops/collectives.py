@@ -259,6 +259,18 @@ def _contiguous_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().clone(memory_format=torch.contiguous_format)
 
 
+def _on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values, contiguous, in host memory. Broadcast, all-gather, all-to-all
+    and reduce-scatter move CUDA tensors through host memory and return results on the
+    input's device, so they work with any MPI and any mix of devices across ranks (NCCL
+    does only the all-reduce). Called when the operation is submitted, on the caller's
+    thread: the copy then waits for the work queued on the caller's current stream."""
+    tensor = tensor.detach()
+    if tensor.is_cuda:
+        return tensor.cpu()
+    return tensor if tensor.is_contiguous() else _contiguous_copy(tensor)
+
+
 def _root_index(group, root_rank, process_set, rank) -> int:
     if isinstance(root_rank, bool) or not isinstance(root_rank, int):
         raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
@@ -276,12 +288,13 @@ def broadcast_async_(tensor, root_rank: int, name=None,
     rt, group = _group_of(process_set, "broadcast")
     root = _root_index(group, root_rank, process_set, rt.rank)
 
+    target = _on_host(tensor)
+
     def run(comm, active):
         if len(group) == 1:
             return
-        target = tensor if tensor.is_contiguous() else _contiguous_copy(tensor)
         comm.Bcast(as_buffer(target), root=root)
-        if target is not tensor:
+        if target.data_ptr() != tensor.data_ptr():
             tensor.copy_(target)
 
     sig = f"broadcast root={root_rank} dtype={tensor.dtype} shape={tuple(tensor.shape)}"
@@ -344,15 +357,13 @@ def _allgather_rows(comm, source: torch.Tensor) -> torch.Tensor:
 
 
 def _allgather_run(tensor, handle, index):
-    source = tensor.detach()
-    if not source.is_contiguous():
-        source = _contiguous_copy(source)
+    source = _on_host(tensor)
 
     def run(comm, active):
         if comm is None:
-            output = _contiguous_copy(source)
+            output = _contiguous_copy(tensor)
         else:
-            output = _allgather_rows(comm, source)
+            output = _allgather_rows(comm, source).to(tensor.device)
         if index is None:
             handle.result = output
         else:
@@ -410,12 +421,12 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     if len(splits) != k or any(s < 0 for s in splits) or sum(splits) != tensor.shape[0]:
         raise ValueError(f"alltoall: splits={splits} must have {k} non-negative entries summing "
                          f"to dimension 0 ({tensor.shape[0]}) (on rank {rt.rank})")
-    source = tensor.detach() if tensor.is_contiguous() else _contiguous_copy(tensor)
+    source = _on_host(tensor)
     handle = Handle("alltoall")
 
     def run(comm, active):
         if comm is None:
-            handle.result = (_contiguous_copy(source), torch.tensor(splits, dtype=torch.int32))
+            handle.result = (_contiguous_copy(tensor), torch.tensor(splits, dtype=torch.int32))
             return
         row_numel = math.prod(source.shape[1:])
         received = np.empty(k, dtype=np.int64)
@@ -423,7 +434,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         output = torch.empty((int(received.sum()), *source.shape[1:]), dtype=source.dtype)
         comm.Alltoallv([as_buffer(source), [s * row_numel for s in splits]],
                        [as_buffer(output), (received * row_numel).tolist()])
-        handle.result = (output, torch.from_numpy(received.astype(np.int32)))
+        handle.result = (output.to(tensor.device), torch.from_numpy(received.astype(np.int32)))
 
     sig = f"alltoall dtype={tensor.dtype} row={tuple(tensor.shape[1:])}"
     return _submit_runs("alltoall", process_set, name, [sig], [run], [""], handle)
@@ -447,8 +458,10 @@ def _reducescatter_run(tensor, op, prescale, postscale, group, me, handle, index
             return t
         return (t.double() * factor).trunc().to(t.dtype) if integer else t * factor
 
+    host = _on_host(tensor)
+
     def run(comm, active):
-        source = scaled(tensor.detach().to(red_dtype), prescale).contiguous()
+        source = scaled(host.to(red_dtype), prescale).contiguous()
         output = torch.empty((rows[me], *tensor.shape[1:]), dtype=red_dtype)
         if comm is None:
             output.copy_(source)
@@ -456,7 +469,7 @@ def _reducescatter_run(tensor, op, prescale, postscale, group, me, handle, index
             comm.Reduce_scatter(as_buffer(source), as_buffer(output),
                                 [r * row_numel for r in rows], op=operation)
         post = postscale / k if op is ReduceOp.AVERAGE else postscale
-        result = scaled(output, post).to(tensor.dtype)
+        result = scaled(output, post).to(device=tensor.device, dtype=tensor.dtype)
         if index is None:
             handle.result = result
         else:
