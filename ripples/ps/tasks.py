@@ -13,12 +13,12 @@ staleness gate does not let it start its next clock), it may *steal* the last un
 task of another worker's queue: in the oldest clock it waits for that has a victim, else
 in a later clock up to its own (moving work off a straggler's next clocks shortens the
 waits to come; without this, a straggler that claims a few tasks ahead has nothing left
-to move in the clock it is computing, and slack would never move anything). A task is claimed at most once, by construction: a claim
-and a steal of the same task are two messages to the same server, and the second finds it
-gone; a task stays stealable until its owner's claim reaches the server, and once claimed
-it is out of reach. A push names the tasks whose gradients it carries; ``complete``
-refuses a task that the pusher did not claim or that was already completed. A clock is
-complete when all of its tasks are.
+to move in the clock it is computing, and slack would never move anything). A task is
+claimed at most once, by construction: a claim and a steal of the same task are two
+messages to the same server, and the second finds it gone; a task stays stealable until
+its owner's claim reaches the server, and once claimed it is out of reach. A push names
+the tasks whose gradients it carries; ``complete`` refuses a task that the pusher did
+not claim or that was already completed. A clock is complete when all of its tasks are.
 
 Choices where the published description is silent, and why:
 
@@ -34,17 +34,18 @@ Choices where the published description is silent, and why:
   FlexRR-lite uses ``rule="most_remaining"`` instead: the worker with the most unclaimed
   tasks, any time it has more than one, without time measurements.
 - *Rebalancing*: the first clock opened once every worker has a measured time is
-  rebalanced, then every ``rebalance_every`` clocks after it. The shares before are a guess
-  (equal), so waiting ``rebalance_every`` clocks to replace them would run those clocks at
-  the straggler's pace (transfers recover little of it: the straggler has claimed most of
-  its share by the time a pioneer asks). Shares follow speed, rounded to whole tasks so that the projected clock
-  time (the largest share times its worker's time per task) is as short as possible: each
-  task goes, one by one, to the worker that would finish it first. This is proportional
-  to speed up to rounding; largest-remainder rounding of the proportional shares can leave
-  a slow worker one task that alone outlasts everyone else's share (8 workers, one 3x slow,
-  24 tasks: 2 tasks of 3 s against 3-4 tasks of 1 s). At least one task per worker, so
-  that every worker stays measured; the sum stays ``tasks_per_clock``, so the global batch
-  per clock is constant.
+  rebalanced, then every ``rebalance_every`` clocks after it. The shares before are a
+  guess (equal), so waiting ``rebalance_every`` clocks to replace them would run those
+  clocks at the straggler's pace (transfers recover little of it: the straggler has
+  claimed most of its share by the time a pioneer asks). Shares follow speed, rounded to
+  whole tasks so that the projected clock time (the largest share times its worker's
+  time per task) is as short as possible: each task goes, one by one, to the worker that
+  would finish it first. This is proportional to speed up to rounding; largest-remainder
+  rounding of the proportional shares can leave a slow worker one task that alone
+  outlasts everyone else's share (8 workers, one 3x slow, 24 tasks: 2 tasks of 3 s
+  against 3-4 tasks of 1 s). At least one task per worker, so that every worker stays
+  measured; the sum stays ``tasks_per_clock``, so the global batch per clock is
+  constant.
 - Clocks are opened in order, each with the shares current when it opens.
 """
 from __future__ import annotations
