@@ -31,17 +31,18 @@ def watchdog(timeout_s=5.0):
 def test_completed_work_is_forgotten_and_nothing_is_aborted():
     dog, clock = watchdog()
     aborted = []
-    dog.track("allreduce", "group (0, 1)", Event(True), Event(True), lambda: aborted.append(1))
+    dog.track("allreduce", "comm", "group (0, 1)", Event(True), Event(True),
+              lambda: aborted.append(1))
     clock.now += 60
     dog.check()
     assert dog.pending == [] and aborted == []
-    dog.raise_if_failed("group (0, 1)")  # nothing recorded
+    dog.raise_if_failed("comm")  # nothing recorded
 
 
 def test_a_gpu_busy_before_the_operation_is_slow_not_dead():
     dog, clock = watchdog(timeout_s=5.0)
     began, done, aborted = Event(), Event(), []
-    dog.track("allreduce", "group (0, 1)", began, done, lambda: aborted.append(1))
+    dog.track("allreduce", "comm", "group (0, 1)", began, done, lambda: aborted.append(1))
     for _ in range(10):  # 50 s of compute queued ahead of it on the stream
         clock.now += 5
         dog.check()
@@ -59,10 +60,12 @@ def test_a_gpu_busy_before_the_operation_is_slow_not_dead():
 def test_an_operation_past_its_deadline_aborts_its_communicator_once_and_names_it():
     dog, clock = watchdog(timeout_s=5.0)
     aborted = []
-    dog.track("allreduce", "group (0, 2)", Event(True), Event(), lambda: aborted.append("a"))
-    dog.track("broadcast", "group (0, 2)", Event(), Event(), lambda: aborted.append("a2"))
+    a, b = object(), object()  # two communicators
+    dog.track("allreduce", a, "group (0, 2)", Event(True), Event(), lambda: aborted.append("a"))
+    dog.track("broadcast", a, "group (0, 2)", Event(), Event(), lambda: aborted.append("a2"))
     other_done = Event()
-    dog.track("allreduce", "group (1, 3)", Event(True), other_done, lambda: aborted.append("b"))
+    dog.track("allreduce", b, "group (1, 3)", Event(True), other_done,
+              lambda: aborted.append("b"))
     dog.check()
     clock.now += 3
     dog.check()
@@ -73,19 +76,25 @@ def test_an_operation_past_its_deadline_aborts_its_communicator_once_and_names_i
     assert aborted == ["a"]  # one abort for the group; its later operation is dropped
     assert dog.pending == []
     with pytest.raises(RipplesTimeoutError, match=r"NCCL allreduce on group \(0, 2\).*5\.0 s"):
-        dog.raise_if_failed("group (0, 2)")
+        dog.raise_if_failed(a)
     with pytest.raises(RipplesTimeoutError):  # stays failed: the communicator is gone
-        dog.raise_if_failed("group (0, 2)")
-    dog.raise_if_failed("group (1, 3)")
+        dog.raise_if_failed(a)
+    dog.raise_if_failed(b)
+    # Closed, then built again for the same group: the new communicator starts clean.
+    dog.forget(a)
+    dog.raise_if_failed(a)
+    dog.track("allreduce", object(), "group (0, 2)", Event(True), Event(True), lambda: None)
+    dog.check()
+    assert dog.failures == {}
 
 
 def test_the_thread_aborts_on_its_own_and_closes():
     dog = NcclWatchdog(0.2, poll_s=0.01)
     aborted = threading.Event()
-    dog.track("allgather", "world", Event(True), Event(), aborted.set)
+    dog.track("allgather", "comm", "world", Event(True), Event(), aborted.set)
     assert aborted.wait(5.0)
     with pytest.raises(RipplesTimeoutError, match="allgather on world"):
-        dog.raise_if_failed("world")
+        dog.raise_if_failed("comm")
     dog.close()
     assert dog._thread is None
 

@@ -154,6 +154,8 @@ class NcclCommunicator:
         comm, self._comm = getattr(self, "_comm", None), None
         if comm is not None:
             comm.destroy()
+        if getattr(self, "watchdog", None) is not None:
+            self.watchdog.forget(self)
 
     def abort(self) -> None:
         """``ncclCommAbort``: pending operations return unfinished and the communicator is
@@ -191,7 +193,7 @@ class NcclCommunicator:
 
     def _check(self, tensor, name: str, like: Optional[torch.Tensor] = None) -> None:
         if self.watchdog is not None:
-            self.watchdog.raise_if_failed(self.label)
+            self.watchdog.raise_if_failed(self)
         if self._comm is None:
             raise RipplesError("NcclCommunicator is closed")
         if not isinstance(tensor, torch.Tensor):
@@ -221,7 +223,7 @@ class NcclCommunicator:
         if self.watchdog is not None:
             done = torch.cuda.Event()
             done.record(stream)
-            self.watchdog.track(what, self.label, began, done, self.abort)
+            self.watchdog.track(what, self, self.label, began, done, self.abort)
 
 
 def _as_cuda_device(device) -> torch.device:

@@ -15,9 +15,11 @@ events, one recorded just before it and one just after. The watchdog polls them:
   communicator's ``abort`` (``ncclCommAbort``: the pending kernels return and the stream
   moves on). It records a ``RipplesTimeoutError`` naming the operation, the communicator
   and the wait, and drops that communicator's other pending operations.
-- ``raise_if_failed(label)`` raises the recorded error. The communicator calls it before
+- ``raise_if_failed(owner)`` raises the recorded error. The communicator calls it before
   each new operation, so the next collective on the group fails clearly instead of hanging.
-  The error stays recorded: an aborted communicator cannot be used again.
+  The error stays recorded while the aborted communicator exists (it cannot be used
+  again); ``forget(owner)``, called when it is closed, drops it, so that a communicator
+  built later for the same group starts clean.
 
 Polling runs on one daemon thread, started with the first tracked operation; it sleeps
 ``poll_s`` between passes and waits on a condition while nothing is tracked. The clock and
@@ -36,9 +38,11 @@ from ..errors import RipplesTimeoutError
 
 @dataclasses.dataclass
 class Pending:
-    """One enqueued operation: its name, communicator label, events and abort."""
+    """One enqueued operation: its name, its communicator (``owner``) and that
+    communicator's label for messages, its events and the abort."""
 
     what: str
+    owner: object
     label: str
     began: object  # has query() -> bool (a torch.cuda.Event)
     done: object
@@ -59,27 +63,35 @@ class NcclWatchdog:
         self.poll_s = poll_s
         self.start_thread = start_thread
         self.pending: List[Pending] = []
-        self.failures: Dict[str, RipplesTimeoutError] = {}
+        self.failures: Dict[object, RipplesTimeoutError] = {}  # by owner
         self._cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
 
-    def track(self, what: str, label: str, began, done, abort: Callable[[], None]) -> None:
-        """Watch one operation enqueued between events ``began`` and ``done``."""
+    def track(self, what: str, owner, label: str, began, done,
+              abort: Callable[[], None]) -> None:
+        """Watch one operation of communicator ``owner`` (named ``label`` in errors),
+        enqueued between events ``began`` and ``done``."""
         with self._cond:
-            self.pending.append(Pending(what, label, began, done, abort))
+            self.pending.append(Pending(what, owner, label, began, done, abort))
             if self.start_thread and self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="ripples-nccl-watchdog",
                                                 daemon=True)
                 self._thread.start()
             self._cond.notify()
 
-    def raise_if_failed(self, label: str) -> None:
-        """Raise the error recorded for communicator ``label``, if any."""
+    def raise_if_failed(self, owner) -> None:
+        """Raise the error recorded for communicator ``owner``, if any."""
         with self._cond:
-            failure = self.failures.get(label)
+            failure = self.failures.get(owner)
         if failure is not None:
             raise failure
+
+    def forget(self, owner) -> None:
+        """Drop what is recorded or pending for communicator ``owner`` (it was closed)."""
+        with self._cond:
+            self.failures.pop(owner, None)
+            self.pending = [op for op in self.pending if op.owner is not owner]
 
     def check(self) -> None:
         """One pass: forget completed operations; abort the communicators of expired ones."""
@@ -93,16 +105,16 @@ class NcclWatchdog:
                 if op.started_at is None and op.began.query():
                     op.started_at = now
                 if op.started_at is not None and now - op.started_at > self.timeout_s:
-                    expired.add(op.label)
-                    if op.label not in self.failures:  # one abort per communicator
-                        self.failures[op.label] = RipplesTimeoutError(
+                    expired.add(id(op.owner))
+                    if op.owner not in self.failures:  # one abort per communicator
+                        self.failures[op.owner] = RipplesTimeoutError(
                             f"NCCL {op.what} on {op.label} did not complete within "
                             f"{self.timeout_s:.1f} s of starting on this GPU (a member dead, "
                             f"or stuck before its half of it?); the communicator was aborted")
                         to_abort.append(op)
                 else:
                     kept.append(op)
-            self.pending = [op for op in kept if op.label not in expired]
+            self.pending = [op for op in kept if id(op.owner) not in expired]
         for op in to_abort:  # outside the lock: an abort may take a while
             op.abort()
 
