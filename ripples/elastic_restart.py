@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 STATE_FILE = "state.pt"
 RESTART_FILE = "restart"
@@ -23,12 +23,18 @@ def state_path(directory: str) -> Path:
     return Path(directory) / STATE_FILE
 
 
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(temporary)``, then rename it to ``path``: a reader sees the old file or the
+    new one, never half of it."""
+    temporary = path.with_suffix(".tmp")
+    write(temporary)
+    os.replace(temporary, path)
+
+
 def request_restart(directory: str, reason: str) -> None:
     """Ask the launcher for a restart (rank 0 calls this)."""
-    path = Path(directory) / RESTART_FILE
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(reason + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    write_atomically(Path(directory) / RESTART_FILE,
+                     lambda temporary: temporary.write_text(reason + "\n", encoding="utf-8"))
 
 
 def restart_reason(directory: str) -> Optional[str]:

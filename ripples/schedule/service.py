@@ -255,14 +255,12 @@ class GeneratorSchedule(Schedule):
         unexecuted = list(self._held) + self._call("close")
         self._held.clear()
         self._closed = self._left = True
-        if self._service is not None:
-            try:
+        try:
+            if self._service is not None:
                 self._service.join(self.timeout_s)
-            finally:
-                self._close_doorbell()
-            self._raise_service_error()
-        else:
+        finally:
             self._close_doorbell()
+        self._raise_service_error()
         if self._free_comm:
             self.comm.Free()
         if unexecuted:

@@ -3,8 +3,8 @@ micro-batch tasks that can move between workers, under the real task logic of
 ``sync="ps"`` (``ripples.ps.tasks``).
 
 What runs the real code: a :class:`ripples.ps.tasks.TaskBoard` deals each clock's tasks by
-the current shares (EPSP rebalances them by measured speed every ``rebalance_every``
-clocks), :func:`~ripples.ps.tasks.claim` hands a worker its own tasks,
+the current shares (EPSP rebalances them by measured speed once every worker is measured,
+then every ``rebalance_every`` clocks), :func:`~ripples.ps.tasks.claim` hands a worker its own tasks,
 :func:`~ripples.ps.tasks.steal` moves a task from a projected straggler (EPSP) or from the
 worker with the most unclaimed tasks (FlexRR-lite) to a worker that would block, and
 :func:`~ripples.ps.tasks.complete` accounts for every task exactly once (it raises on a

@@ -37,7 +37,6 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import os
 import sys
 from typing import Any, Callable, Iterable, List, Optional
 
@@ -131,10 +130,9 @@ class State:
         """Rank 0 writes the last commit to the elastic directory, if there is one."""
         rt = _runtime.current()
         if rt.config.elastic_dir and rt.rank == 0:
-            path = elastic_restart.state_path(rt.config.elastic_dir)
-            temporary = path.with_suffix(".tmp")
-            torch.save(self.persisted(), temporary)
-            os.replace(temporary, path)
+            elastic_restart.write_atomically(
+                elastic_restart.state_path(rt.config.elastic_dir),
+                lambda temporary: torch.save(self.persisted(), temporary))
 
     def resume(self) -> bool:
         """Rank 0 loads the commit a previous launch left in the elastic directory (then
