@@ -181,6 +181,20 @@ def test_barrier_and_overlap_options():
     assert hidden.steps_per_s == pytest.approx(80.0, rel=0.02)
 
 
+def test_a_generator_request_pays_the_service_latency_once():
+    # policy "all" answers at once: a step is 0.1 s of compute plus one request's 0.05 s
+    def steps_per_s(mode, service_s):
+        net = Network(workers_per_node=8, intra=Link(0.0, 1e9), service_s=service_s)
+        return simulate(Scenario(mode, 8, Compute(0.1), network=net, model_bytes=0,
+                                 problem=SMALL, horizon_s=20.0, group_size=2,
+                                 policy="all")).steps_per_s
+    assert steps_per_s("generator", 0.0) == pytest.approx(80.0, rel=0.02)
+    assert steps_per_s("generator", 0.05) == pytest.approx(8 / 0.15, rel=0.02)
+    assert steps_per_s("static", 0.05) == pytest.approx(80.0, rel=0.02)  # no service
+    with pytest.raises(ValueError, match="service_s"):
+        Network(service_s=-1.0)
+
+
 def test_scenario_rejects_bad_arguments():
     with pytest.raises(ValueError, match="mode must be one of"):
         Scenario("ring", 4, Compute(0.1))

@@ -1,15 +1,17 @@
-"""The simulator against benchmarks/results/train_np8.json: throughput within 15% and time
-to target within 25% of the measured 8-rank runs, per scenario and mode.
+"""The simulator against two measured 8-rank runs of benchmarks/train.py: throughput within
+15% and time to target within 25%, per scenario and mode.
 
-Three throughputs are known to miss and are expected failures (strict: the test fails if
-they start to fit, so the list stays true): in the random-slowdown scenario the simulator
-overestimates the random-partition and lock-step AD-PSGD (``adpsgd-sync``) modes, by 17%
-and 26%, and the homogeneous generator by 16%, whose groups also cost a
-request to the generator service every step. Both modes average in groups that
-change every step; on the measured 2-core machine a slow step's sleep and 8 ranks' wake-ups
-and Python work share two cores, which the model (emulated compute, no CPU contention,
-no per-step software cost) does not contain; the same missing per-step cost shows as a
-5-13% overestimate in every other row.
+The simulator's ``this-machine`` preset takes its software costs from a separate
+measurement (``benchmarks/latency_after_idle.py``: a P-Reduce and a generator request after
+50 ms of sleep, as in training), not from these runs; the runs give one number, the
+target (see ``ripples.sim.validation``).
+
+One throughput is known to miss and is an expected failure (strict: the test fails if it
+starts to fit, so the statement stays true): lock-step AD-PSGD (``adpsgd-sync``) under
+random slowdowns, which the simulator overestimates by 23%. Its pairs change every step and
+every rank stops at a global check every 10 steps; on the measured 2-core machine a slow
+step's sleep and 8 ranks' wake-ups share two cores, which the model (no CPU contention)
+does not contain.
 """
 import json
 from pathlib import Path
@@ -18,31 +20,39 @@ import pytest
 
 from ripples.sim.validation import compare
 
-MEASURED = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "train_np8.json"
-KNOWN_THROUGHPUT_GAPS = {("random-slow", "random"), ("random-slow", "adpsgd-sync"),
-                         ("homogeneous", "generator")}
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+MEASURED = {"train_np8": RESULTS / "train_np8.json",  # every mode
+            "doorbell": RESULTS / "train_np8_doorbell.json"}  # allreduce, generator, adpsgd
+KNOWN_THROUGHPUT_GAPS = {("train_np8", "random-slow", "adpsgd-sync")}
+MODES = ("allreduce", "static", "random", "generator", "adpsgd", "adpsgd-sync")
+SCENARIOS = ("homogeneous", "one-slow", "random-slow")
 
 
 @pytest.fixture(scope="module")
 def rows():
-    return {(r["scenario"], r["mode"]): r for r in compare(json.loads(MEASURED.read_text()))}
+    return {(run, r["scenario"], r["mode"]): r for run, path in MEASURED.items()
+            for r in compare(json.loads(path.read_text()))}
 
 
-CASES = [(s, m) for s in ("homogeneous", "one-slow", "random-slow")
-         for m in ("allreduce", "static", "random", "generator", "adpsgd", "adpsgd-sync")]
+CASES = [(run, s, m) for run in MEASURED for s in SCENARIOS for m in MODES
+         if run == "train_np8" or m in ("allreduce", "generator", "adpsgd")]
 
 
-@pytest.mark.parametrize("scenario,mode", [
-    pytest.param(s, m, marks=pytest.mark.xfail(strict=True, reason="known gap, see module doc"))
-    if (s, m) in KNOWN_THROUGHPUT_GAPS else (s, m) for s, m in CASES])
-def test_throughput_within_15_percent(rows, scenario, mode):
-    row = rows[(scenario, mode)]
+def test_every_measured_row_is_compared(rows):
+    assert sorted(rows) == sorted(CASES)
+
+
+@pytest.mark.parametrize("run,scenario,mode", [
+    pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason="known gap, see module doc"))
+    if case in KNOWN_THROUGHPUT_GAPS else case for case in CASES])
+def test_throughput_within_15_percent(rows, run, scenario, mode):
+    row = rows[(run, scenario, mode)]
     assert abs(row["throughput_ratio"] - 1) <= 0.15, row
 
 
-@pytest.mark.parametrize("scenario,mode", CASES)
-def test_time_to_target_within_25_percent(rows, scenario, mode):
-    row = rows[(scenario, mode)]
+@pytest.mark.parametrize("run,scenario,mode", CASES)
+def test_time_to_target_within_25_percent(rows, run, scenario, mode):
+    row = rows[(run, scenario, mode)]
     measured, simulated = row["measured_time_to_target_s"], row["sim_time_to_target_s"]
     if measured is None:
         # not reached within the measured wall time: the simulation, given the same time,

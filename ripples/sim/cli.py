@@ -23,11 +23,16 @@ PRESETS = {
     # benchmarks/train.py on this 2-core machine: 8 ranks on one node, 50 ms emulated
     # compute, the digits MLP (8,970 float32 parameters); shared-memory link from
     # benchmarks/results/collectives_np4.txt (raw MPI ~5 us small-message latency, ~1.7 GB/s
-    # bus bandwidth) plus ripples' ~230 us added latency per collective.
+    # bus bandwidth). The software costs are those measured after 50 ms of sleep, as in
+    # training, by benchmarks/latency_after_idle.py (latency_after_idle_np8.json): a
+    # P-Reduce of the MLP among 4 of the 8 ranks took 2,763 us (of which the links above
+    # account for 62 us), a request to the Group Generator service 1,542 us (10 us). Back
+    # to back, ripples adds only ~230 us to a collective (collectives_np4.txt): after a
+    # sleep, 8 ranks' threads wake up at once and share 2 cores.
     "this-machine": dict(workers_per_node=8, intra_gbps=1.7 * 8, intra_latency_us=5.0,
                          inter_gbps=1.7 * 8, inter_latency_us=5.0,
-                         collective_overhead_us=230.0, step_ms=50.0, model_mb=0.03588,
-                         workers="8"),
+                         collective_overhead_us=2700.0, service_latency_us=1530.0,
+                         step_ms=50.0, model_mb=0.03588, workers="8"),
     # Prague's cluster as the paper describes it: 4 workers per node, 10 GbE between
     # nodes; intra-node PCIe-class links; ResNet-50 (25.6 M float32 parameters, ~12.3 GFLOP
     # per sample forward + backward, batch 32) on a GPU sustaining 4 TFLOP/s (~0.1 s/step).
@@ -37,7 +42,8 @@ PRESETS = {
                    workers="64"),
 }
 DEFAULTS = dict(workers_per_node=8, intra_gbps=2400.0, intra_latency_us=5.0, inter_gbps=100.0,
-                inter_latency_us=5.0, collective_overhead_us=0.0, step_ms=100.0,
+                inter_latency_us=5.0, collective_overhead_us=0.0, service_latency_us=0.0,
+                step_ms=100.0,
                 flops_per_step=None, device_tflops=None, model_mb=100.0,
                 workers="64,256,1024,4096")
 
@@ -85,6 +91,9 @@ all-reduce reaches after --target-steps synchronous steps. Example:
     g.add_argument("--algorithm", choices=ALGORITHMS, default="ring", help="all-reduce algorithm")
     g.add_argument("--collective-overhead-us", type=float,
                    help="fixed software cost of every collective (default 0)")
+    g.add_argument("--service-latency-us", type=float,
+                   help="software cost of one request to the Group Generator service beyond "
+                        "its two messages (default 0)")
     g.add_argument("--model-mb", type=float, help="megabytes averaged per collective (default 100)")
     g.add_argument("--overlap", type=float, default=0.0,
                    help="allreduce: fraction of compute the gradient all-reduce overlaps (0-1)")
@@ -158,7 +167,8 @@ def scenario_from_args(args) -> tuple:
         workers_per_node=values["workers_per_node"],
         intra=Link(values["intra_latency_us"] * 1e-6, values["intra_gbps"] * 1e9 / 8),
         inter=Link(values["inter_latency_us"] * 1e-6, values["inter_gbps"] * 1e9 / 8),
-        algorithm=args.algorithm, overhead_s=values["collective_overhead_us"] * 1e-6)
+        algorithm=args.algorithm, overhead_s=values["collective_overhead_us"] * 1e-6,
+        service_s=values["service_latency_us"] * 1e-6)
     speed = Speed(args.speed, count=args.stragglers, factor=args.slow_factor,
                   probability=args.slow_probability, sigma=args.sigma)
     problem = Problem(dim=args.dim, lr=args.lr, momentum=args.momentum, batch=args.local_batch,

@@ -102,7 +102,7 @@ class _Run(EventLoop):
             self.todo[w].append(self.held[w].popleft())
             self.proceed(w)
         else:
-            delay = self.s.network.message_s(REQUEST_BYTES, w, 0)
+            delay = self.s.network.message_s(REQUEST_BYTES, w, 0) + self.s.network.service_s
             if delay > 0:
                 self.push(self.clock.now + delay, "request", w)
             else:

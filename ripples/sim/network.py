@@ -13,7 +13,11 @@ direction, so every step of it waits for one inter-node transfer):
 * an AD-PSGD exchange sends the whole model from the active worker to the passive one and
   the passive one's back: two messages of ``b`` bytes, one after the other;
 * every collective also pays ``overhead_s`` once (the software cost of launching it,
-  measured for ripples by ``benchmarks/collectives.py``).
+  measured for ripples by ``benchmarks/collectives.py`` back to back and by
+  ``benchmarks/latency_after_idle.py`` after a step of compute);
+* a request to the Group Generator service pays ``service_s`` once beyond its two
+  messages (the doorbell, the service thread's wake-up and the client's poll, measured by
+  ``benchmarks/latency_after_idle.py``).
 
 Contention, kept simple: every node has one inter-node link (NIC). A collective that spans
 several nodes shares the NIC of each of them with the other multi-node collectives in
@@ -49,14 +53,16 @@ class Network:
     inter: Link = Link(5e-6, 12.5e9)  # 100 Gb/s
     algorithm: str = "ring"
     overhead_s: float = 0.0
+    service_s: float = 0.0
 
     def __post_init__(self):
         if self.workers_per_node < 1:
             raise ValueError(f"workers_per_node must be >= 1, got {self.workers_per_node!r}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if not self.overhead_s >= 0:
-            raise ValueError(f"overhead_s must be >= 0, got {self.overhead_s!r}")
+        for name in ("overhead_s", "service_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
     def node(self, worker: int) -> int:
         return worker // self.workers_per_node

@@ -1,8 +1,9 @@
 """The simulator against measured runs of ``benchmarks/train.py`` (its ``--json`` report).
 
 Each measured scenario is simulated with what the benchmark did: its rank count, emulated
-step time, group size, wall time per mode and slowdowns, the ``this-machine`` network
-preset (from the collectives benchmark, not from these runs), and the global stop check
+step time, group size, wall time per mode and slowdowns, the ``this-machine`` preset
+(links from the collectives benchmark, software costs from
+``benchmarks/latency_after_idle.py``; none from these runs), and the global stop check
 every 10 steps that the benchmark runs in the static, random and lock-step AD-PSGD modes. The
 benchmark trains an MLP on digits, the simulator a logistic regression, so one number is
 taken from the measurements: the target is the loss all-reduce reaches after as many steps

@@ -1,0 +1,110 @@
+"""What one collective costs when it follows a step of (emulated) compute, as in training.
+
+    mpiexec -n 8 --oversubscribe python benchmarks/latency_after_idle.py \\
+        --json benchmarks/results/latency_after_idle_np8.json
+
+``benchmarks/collectives.py`` times collectives back to back. In ``benchmarks/train.py``
+each collective instead follows ``--compute-ms`` of sleep: every rank's threads have gone
+idle, and with more ranks than cores they wake up and compete for the cores at once. This
+benchmark measures that cost, the one the simulator's ``this-machine`` preset needs.
+
+Every iteration: a barrier, ``--idle-ms`` of sleep, then one timed operation on a buffer
+of ``--bytes`` (default: the 8,970 float32 parameters of ``benchmarks/train.py``'s MLP).
+An iteration's time is the slowest rank's; the medians over ``--iterations`` are printed
+and written as JSON. Rows (interleaved, one iteration of each in turn):
+
+- ``raw MPI allreduce (world)``: mpi4py ``Allreduce`` over all ranks;
+- ``raw MPI allreduce (group)``: the same over disjoint groups of ``--group-size`` ranks
+  (``Split`` communicators, every group at once);
+- ``ripples allreduce``: ``ripples.torch.allreduce_`` over all ranks;
+- ``ripples partial_allreduce``: ``grouped_partial_allreduce_`` over the same groups;
+- ``generator request``: one ``groups_for_step`` of the Group Generator service with the
+  ``"all"`` policy, which answers at once (no waiting for other ranks to be ready): the
+  round trip of a request, its doorbell and the service thread's wake-up.
+
+Compute is EMULATED (sleep). No bar: these numbers are inputs of the simulator.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import ripples.torch as hvd
+from ripples.ops.partial import grouped_partial_allreduce_
+from ripples.schedule.service import GeneratorSchedule
+
+ROWS = ("raw MPI allreduce (world)", "raw MPI allreduce (group)", "ripples allreduce",
+        "ripples partial_allreduce", "generator request")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--idle-ms", type=float, default=50.0, help="sleep before each operation")
+    p.add_argument("--bytes", type=int, default=8970 * 4, help="buffer size (float32)")
+    p.add_argument("--group-size", type=int, default=4, help="ranks per group")
+    p.add_argument("--iterations", type=int, default=60, help="timed iterations per row")
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations per row first")
+    p.add_argument("--json", help="write the medians here (rank 0)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    hvd.init()
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    if size % args.group_size:
+        raise SystemExit(f"--group-size {args.group_size} must divide the {size} ranks")
+    first = rank - rank % args.group_size
+    group = tuple(range(first, first + args.group_size))
+    group_comm = world.Split(color=first, key=rank)
+    buffer = torch.zeros(args.bytes // 4)
+    array = buffer.numpy()
+    schedule = GeneratorSchedule(world.Dup(), args.group_size, policy="all", free_comm=True)
+    calls = {
+        ROWS[0]: lambda i: world.Allreduce(MPI.IN_PLACE, array),
+        ROWS[1]: lambda i: group_comm.Allreduce(MPI.IN_PLACE, array),
+        ROWS[2]: lambda i: hvd.allreduce_(buffer, name="idle", op=hvd.Sum),
+        ROWS[3]: lambda i: grouped_partial_allreduce_([buffer], group),
+        ROWS[4]: lambda i: schedule.groups_for_step(i),
+    }
+    times = {row: [] for row in ROWS}
+    for i in range(args.warmup + args.iterations):
+        for row, call in calls.items():
+            world.Barrier()
+            time.sleep(args.idle_ms / 1000.0)
+            start = time.perf_counter()
+            call(i)
+            if i >= args.warmup:
+                times[row].append(time.perf_counter() - start)
+    # an iteration lasts as long as its slowest rank
+    slowest = {row: np.max(world.allgather(times[row]), axis=0) for row in ROWS}
+    schedule.close()
+    group_comm.Free()
+    if rank == 0:
+        medians = {row: 1e6 * statistics.median(slowest[row]) for row in ROWS}
+        print(f"{size} ranks, {args.idle_ms:g} ms idle before each operation (emulated "
+              f"compute), {args.bytes} bytes, groups of {args.group_size}; median of "
+              f"{args.iterations}, slowest rank")
+        for row in ROWS:
+            print(f"  {row:<28} {medians[row]:8.0f} us")
+        if args.json:
+            Path(args.json).write_text(json.dumps({
+                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+                "machine": platform.platform(), "ranks": size, "compute": "emulated (sleep)",
+                "args": vars(args), "median_us": medians}, indent=1))
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
