@@ -12,8 +12,11 @@ for other workers), ``"leave"`` (payload: the pairs still buffered for the rank)
 gets exactly one answer, and the service thread stops once every rank has closed, after
 its last answer has been delivered, so no message is left unmatched.
 
-Client waits poll (matched probe or request test, then a nap) against a deadline, so a
-missing peer yields :class:`RipplesTimeoutError` instead of a hang. The service thread
+Client waits poll as the engine's waits do (``ripples.comm.mpi.poll_until``: a short spin,
+then yielding the core, then naps of at most 200 us after 5 ms) against a deadline, so a
+missing peer yields :class:`RipplesTimeoutError` instead of a hang. (Naps from the start,
+doubling to 500 us, let an answer wait up to a nap: a request took 1.1 ms on 2 idle ranks,
+0.53 ms with the spin; ``benchmarks/latency_after_idle.py``.) The service thread
 probes for a request (``improbe``) and runs the generator's ``poll()`` only after a request
 or a leave and at the generator's ``next_deadline()``. In between it sleeps in the kernel on
 a doorbell (``doorbell.py``: every client rings a UDP socket after sending a request), until
@@ -157,7 +160,10 @@ class GeneratorService:
             self.error = exc
 
     def _receive(self, MPI) -> bool:
-        msg = self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG_REQUEST)
+        # A probe that finds nothing still runs MPI's progress, which may only then take in
+        # the message a ring announced: a second probe finds it without waiting for a nap.
+        msg = (self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG_REQUEST)
+               or self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG_REQUEST))
         if msg is None:
             return False
         op, rank, request_id = msg.recv()
@@ -286,6 +292,7 @@ class GeneratorSchedule(Schedule):
             self._doorbell = None
 
     def _call(self, op: str):
+        from ripples.comm.mpi import Deadline, poll_until  # needs torch: load it when used
         if self._closed:
             raise RipplesError(f"rank {self.rank}: the group generator schedule is closed")
         self._request_id += 1
@@ -293,27 +300,23 @@ class GeneratorSchedule(Schedule):
                                tag=TAG_REQUEST)
         if self._doorbell is not None:
             self._doorbell.ring()
-        deadline = time.monotonic() + self.timeout_s
-        reply = None
-        sent = False
-        nap = self.poll_interval_s
-        while reply is None or not sent:
-            sent = sent or send.Test()
-            if reply is None:
+        answer = []  # the reply to this request, once it came and the request was sent
+
+        def answered() -> bool:
+            if not answer:
                 msg = self.comm.improbe(source=SERVICE_RANK, tag=TAG_REPLY)
                 if msg is not None:
                     reply = msg.recv()
-                    if reply[2] != self._request_id:
-                        reply = None  # late answer to an earlier request that timed out
-                    continue
+                    if reply[2] == self._request_id:  # else: a late answer to a request
+                        answer.append(reply)          # that timed out; dropped
             self._raise_service_error()
-            if time.monotonic() > deadline:
-                raise RipplesTimeoutError(
-                    f"group generator (rank {SERVICE_RANK} of its communicator) did not answer "
-                    f"{op!r} from rank {self.rank} within {self.timeout_s}s")
-            time.sleep(nap)
-            nap = min(MAX_NAP_S, nap * 2)
-        status, payload, _ = reply
+            return bool(answer) and send.Test()
+
+        poll_until(answered, Deadline(
+            self.timeout_s, self.timeout_s,
+            lambda: (f"group generator (rank {SERVICE_RANK} of its communicator) did not "
+                     f"answer {op!r} from rank {self.rank}")))
+        status, payload, _ = answer[0]
         if status != "ok":
             raise RipplesError(f"group generator refused {op!r} from rank {self.rank}: {payload}")
         return payload
