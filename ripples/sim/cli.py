@@ -28,7 +28,9 @@ PRESETS = {
     # P-Reduce of the MLP among 4 of the 8 ranks took 2,763 us (of which the links above
     # account for 62 us), a request to the Group Generator service 1,542 us (10 us). Back
     # to back, ripples adds only ~230 us to a collective (collectives_np4.txt): after a
-    # sleep, 8 ranks' threads wake up at once and share 2 cores.
+    # sleep, 8 ranks' threads wake up at once and share 2 cores. These are the costs of
+    # the code the validation runs were measured with; since, a generator request takes
+    # 764 us (latency_after_idle_np8_client.json), and 2,583 us a P-Reduce.
     "this-machine": dict(workers_per_node=8, intra_gbps=1.7 * 8, intra_latency_us=5.0,
                          inter_gbps=1.7 * 8, inter_latency_us=5.0,
                          collective_overhead_us=2700.0, service_latency_us=1530.0,

@@ -12,7 +12,7 @@ other time to target, and every throughput, is a prediction.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 from .cli import build_parser, scenario_from_args
 from .runner import run_modes
@@ -33,9 +33,10 @@ def target_steps(report: Dict) -> int:
     return max(1, round(row["time_to_target_s"] * row["steps_per_s"] / report["args"]["np"]))
 
 
-def compare(report: Dict) -> List[Dict]:
+def compare(report: Dict, extra_flags: Sequence[str] = ()) -> List[Dict]:
     """One row per measured (scenario, mode): measured and simulated throughput and time to
-    target, and their ratios (simulated / measured)."""
+    target, and their ratios (simulated / measured). ``extra_flags``: ``ripples sim`` flags
+    applied on top, e.g. the software costs measured for the code a run used."""
     args = report["args"]
     steps = target_steps(report)
     out = []
@@ -45,7 +46,8 @@ def compare(report: Dict) -> List[Dict]:
                  "--workers-per-node", str(args["np"]), "--step-ms", str(args["compute_ms"]),
                  "--group-size", str(args["group_size"]), "--seed", str(args["seed"]),
                  "--target-on", "worker0", "--full-horizon",
-                 "--barrier-every", str(STOP_CHECK_EVERY)] + SPEED_FLAGS[scenario]
+                 "--barrier-every", str(STOP_CHECK_EVERY)]
+        flags += SPEED_FLAGS[scenario] + list(extra_flags)
         for mode, row in by_mode.items():
             base, _ = scenario_from_args(build_parser().parse_args(
                 flags + ["--horizon-s", str(row["wall_s"])]))
