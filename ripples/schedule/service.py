@@ -221,7 +221,6 @@ class GeneratorSchedule(Schedule):
         self.comm = comm
         self._free_comm = free_comm
         self.timeout_s = timeout_s
-        self.poll_interval_s = poll_interval_s
         self._held: collections.deque = collections.deque()
         self._request_id = 0
         self._closed = False

@@ -45,8 +45,7 @@ PRESETS = {
 }
 DEFAULTS = dict(workers_per_node=8, intra_gbps=2400.0, intra_latency_us=5.0, inter_gbps=100.0,
                 inter_latency_us=5.0, collective_overhead_us=0.0, service_latency_us=0.0,
-                step_ms=100.0,
-                flops_per_step=None, device_tflops=None, model_mb=100.0,
+                step_ms=100.0, flops_per_step=None, device_tflops=None, model_mb=100.0,
                 workers="64,256,1024,4096")
 
 

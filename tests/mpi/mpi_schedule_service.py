@@ -79,7 +79,8 @@ def test_request_without_company_times_out_then_closes_cleanly():
                               max_isolation=0)
     if RANK == 1:
         start = time.monotonic()
-        with pytest.raises(RipplesTimeoutError, match="group generator .* from rank 1: gave up after 0.5 s"):
+        with pytest.raises(RipplesTimeoutError,
+                           match="group generator .* from rank 1: gave up after 0.5 s"):
             sched.groups_for_step(0)
         assert time.monotonic() - start < 2.0
     WORLD.Barrier()
