@@ -20,7 +20,10 @@ and written as JSON. Rows (interleaved, one iteration of each in turn):
 - ``ripples partial_allreduce``: ``grouped_partial_allreduce_`` over the same groups;
 - ``generator request``: one ``groups_for_step`` of the Group Generator service with the
   ``"all"`` policy, which answers at once (no waiting for other ranks to be ready): the
-  round trip of a request, its doorbell and the service thread's wake-up.
+  round trip of a request, its doorbell and the service thread's wake-up;
+- ``AD-PSGD exchange``: each even rank, active, averages with the next odd rank, passive,
+  whose responder thread answers (``ripples.torch.adpsgd_exchange``); timed on the active
+  ranks, while the passive ones sleep as if computing.
 
 Compute is EMULATED (sleep). No bar: these numbers are inputs of the simulator.
 """
@@ -31,6 +34,7 @@ import datetime
 import json
 import platform
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -41,9 +45,10 @@ from mpi4py import MPI
 import ripples.torch as hvd
 from ripples.ops.partial import grouped_partial_allreduce_
 from ripples.schedule.service import GeneratorSchedule
+from ripples.torch.adpsgd_exchange import Responder, exchange, finish
 
 ROWS = ("raw MPI allreduce (world)", "raw MPI allreduce (group)", "ripples allreduce",
-        "ripples partial_allreduce", "generator request")
+        "ripples partial_allreduce", "generator request", "AD-PSGD exchange")
 
 
 def parse_args(argv=None):
@@ -62,20 +67,34 @@ def main(argv=None) -> int:
     hvd.init()
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    if size % args.group_size:
-        raise SystemExit(f"--group-size {args.group_size} must divide the {size} ranks")
+    if size % args.group_size or size % 2:
+        raise SystemExit(f"--group-size {args.group_size} and 2 must divide the {size} ranks")
     first = rank - rank % args.group_size
     group = tuple(range(first, first + args.group_size))
     group_comm = world.Split(color=first, key=rank)
     buffer = torch.zeros(args.bytes // 4)
     array = buffer.numpy()
     schedule = GeneratorSchedule(world.Dup(), args.group_size, policy="all", free_comm=True)
+    pairs = world.Dup()
+    active, partner = rank % 2 == 0, rank ^ 1
+    exchanged = torch.zeros(args.bytes // 4)
+    responder = None
+    if not active:
+        responder = Responder(pairs, rank, [partner], threading.Lock(), lambda: [exchanged],
+                              lambda _: None, timeout_s=60.0, stall_s=60.0)
+        responder.start()
+
+    def exchange_if_active(i):
+        if active:
+            exchange(pairs, rank, partner, [exchanged], i, timeout_s=60.0, stall_s=60.0)
+
     calls = {
         ROWS[0]: lambda i: world.Allreduce(MPI.IN_PLACE, array),
         ROWS[1]: lambda i: group_comm.Allreduce(MPI.IN_PLACE, array),
         ROWS[2]: lambda i: hvd.allreduce_(buffer, name="idle", op=hvd.Sum),
         ROWS[3]: lambda i: grouped_partial_allreduce_([buffer], group),
         ROWS[4]: lambda i: schedule.groups_for_step(i),
+        ROWS[5]: exchange_if_active,
     }
     times = {row: [] for row in ROWS}
     for i in range(args.warmup + args.iterations):
@@ -89,6 +108,11 @@ def main(argv=None) -> int:
     # an iteration lasts as long as its slowest rank
     slowest = {row: np.max(world.allgather(times[row]), axis=0) for row in ROWS}
     schedule.close()
+    if active:
+        finish(pairs, rank, [partner], args.warmup + args.iterations, 60.0, 60.0)
+    else:
+        responder.wait()
+    pairs.Free()
     group_comm.Free()
     if rank == 0:
         medians = {row: 1e6 * statistics.median(slowest[row]) for row in ROWS}

@@ -195,6 +195,16 @@ def test_a_generator_request_pays_the_service_latency_once():
         Network(service_s=-1.0)
 
 
+def test_an_exchange_pays_its_own_overhead_not_a_collectives():
+    # an AD-PSGD exchange is point-to-point, outside the engine a collective's overhead is for
+    net = Network(workers_per_node=2, intra=Link(0.0, 1e9), overhead_s=5.0,
+                  exchange_overhead_s=0.01)
+    assert net.exchange_s(1e6, 1) == pytest.approx(0.01 + 2e-3)
+    assert net.allreduce_s(1e6, 2, 1) == pytest.approx(5.0 + 2 * 0.5e6 / 1e9)  # ring: 2 steps
+    with pytest.raises(ValueError, match="exchange_overhead_s"):
+        Network(exchange_overhead_s=-1.0)
+
+
 def test_scenario_rejects_bad_arguments():
     with pytest.raises(ValueError, match="mode must be one of"):
         Scenario("ring", 4, Compute(0.1))

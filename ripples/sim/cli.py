@@ -30,11 +30,15 @@ PRESETS = {
     # to back, ripples adds only ~230 us to a collective (collectives_np4.txt): after a
     # sleep, 8 ranks' threads wake up at once and share 2 cores. These are the costs of
     # the code the validation runs were measured with; since, a generator request takes
-    # 764 us (latency_after_idle_np8_client.json), and 2,583 us a P-Reduce.
+    # 764 us (latency_after_idle_np8_client.json), and 2,583 us a P-Reduce. An AD-PSGD
+    # exchange, which does not pass through the engine, took 1,829 us (52 us of it the
+    # links; latency_after_idle_np8_exchange.json, a later run whose other rows came out up
+    # to 16% slower than the one before: that is how much these numbers vary).
     "this-machine": dict(workers_per_node=8, intra_gbps=1.7 * 8, intra_latency_us=5.0,
                          inter_gbps=1.7 * 8, inter_latency_us=5.0,
                          collective_overhead_us=2700.0, service_latency_us=1530.0,
-                         step_ms=50.0, model_mb=0.03588, workers="8"),
+                         exchange_overhead_us=1780.0, step_ms=50.0, model_mb=0.03588,
+                         workers="8"),
     # Prague's cluster as the paper describes it: 4 workers per node, 10 GbE between
     # nodes; intra-node PCIe-class links; ResNet-50 (25.6 M float32 parameters, ~12.3 GFLOP
     # per sample forward + backward, batch 32) on a GPU sustaining 4 TFLOP/s (~0.1 s/step).
@@ -45,8 +49,8 @@ PRESETS = {
 }
 DEFAULTS = dict(workers_per_node=8, intra_gbps=2400.0, intra_latency_us=5.0, inter_gbps=100.0,
                 inter_latency_us=5.0, collective_overhead_us=0.0, service_latency_us=0.0,
-                step_ms=100.0, flops_per_step=None, device_tflops=None, model_mb=100.0,
-                workers="64,256,1024,4096")
+                exchange_overhead_us=0.0, step_ms=100.0, flops_per_step=None,
+                device_tflops=None, model_mb=100.0, workers="64,256,1024,4096")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +99,9 @@ all-reduce reaches after --target-steps synchronous steps. Example:
     g.add_argument("--service-latency-us", type=float,
                    help="software cost of one request to the Group Generator service beyond "
                         "its two messages (default 0)")
+    g.add_argument("--exchange-overhead-us", type=float,
+                   help="software cost of one asynchronous AD-PSGD exchange beyond its two "
+                        "messages (default 0)")
     g.add_argument("--model-mb", type=float, help="megabytes averaged per collective (default 100)")
     g.add_argument("--overlap", type=float, default=0.0,
                    help="allreduce: fraction of compute the gradient all-reduce overlaps (0-1)")
@@ -169,7 +176,8 @@ def scenario_from_args(args) -> tuple:
         intra=Link(values["intra_latency_us"] * 1e-6, values["intra_gbps"] * 1e9 / 8),
         inter=Link(values["inter_latency_us"] * 1e-6, values["inter_gbps"] * 1e9 / 8),
         algorithm=args.algorithm, overhead_s=values["collective_overhead_us"] * 1e-6,
-        service_s=values["service_latency_us"] * 1e-6)
+        service_s=values["service_latency_us"] * 1e-6,
+        exchange_overhead_s=values["exchange_overhead_us"] * 1e-6)
     speed = Speed(args.speed, count=args.stragglers, factor=args.slow_factor,
                   probability=args.slow_probability, sigma=args.sigma)
     problem = Problem(dim=args.dim, lr=args.lr, momentum=args.momentum, batch=args.local_batch,

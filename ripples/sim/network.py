@@ -11,7 +11,10 @@ direction, so every step of it waits for one inter-node transfer):
   broadcast, pipelined in chunks so the bytes cross each link about twice);
 * a P-Reduce of a group is the same all-reduce over the group's members;
 * an AD-PSGD exchange sends the whole model from the active worker to the passive one and
-  the passive one's back: two messages of ``b`` bytes, one after the other;
+  the passive one's back: two messages of ``b`` bytes, one after the other, plus
+  ``exchange_overhead_s`` once (its software cost: the passive's responder thread noticing
+  the request, the averaging; measured by ``benchmarks/latency_after_idle.py``). An
+  exchange does not pass through the engine, so it does not pay ``overhead_s``;
 * every collective also pays ``overhead_s`` once (the software cost of launching it,
   measured for ripples by ``benchmarks/collectives.py`` back to back and by
   ``benchmarks/latency_after_idle.py`` after a step of compute);
@@ -54,13 +57,14 @@ class Network:
     algorithm: str = "ring"
     overhead_s: float = 0.0
     service_s: float = 0.0
+    exchange_overhead_s: float = 0.0
 
     def __post_init__(self):
         if self.workers_per_node < 1:
             raise ValueError(f"workers_per_node must be >= 1, got {self.workers_per_node!r}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        for name in ("overhead_s", "service_s"):
+        for name in ("overhead_s", "service_s", "exchange_overhead_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -92,7 +96,7 @@ class Network:
         nodes (1 or 2) whose inter-node links are each shared by ``sharing`` transfers."""
         link = self.intra if nodes <= 1 else self.inter
         bandwidth = link.bandwidth_Bps / (1 if nodes <= 1 else max(sharing, 1))
-        return self.overhead_s + 2 * (link.latency_s + nbytes / bandwidth)
+        return self.exchange_overhead_s + 2 * (link.latency_s + nbytes / bandwidth)
 
     def message_s(self, nbytes: float, a: int, b: int) -> float:
         """One point-to-point message between workers ``a`` and ``b`` (e.g. to the
