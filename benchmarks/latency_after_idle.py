@@ -62,13 +62,10 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    hvd.init()
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    if size % args.group_size or size % 2:
-        raise SystemExit(f"--group-size {args.group_size} and 2 must divide the {size} ranks")
+def operations(args, world):
+    """``(calls, close)``: one callable per row, taking the iteration number, and what
+    ends them all (collective)."""
+    rank = world.Get_rank()
     first = rank - rank % args.group_size
     group = tuple(range(first, first + args.group_size))
     group_comm = world.Split(color=first, key=rank)
@@ -88,6 +85,15 @@ def main(argv=None) -> int:
         if active:
             exchange(pairs, rank, partner, [exchanged], i, timeout_s=60.0, stall_s=60.0)
 
+    def close():
+        schedule.close()
+        if active:
+            finish(pairs, rank, [partner], args.warmup + args.iterations, 60.0, 60.0)
+        else:
+            responder.wait()
+        pairs.Free()
+        group_comm.Free()
+
     calls = {
         ROWS[0]: lambda i: world.Allreduce(MPI.IN_PLACE, array),
         ROWS[1]: lambda i: group_comm.Allreduce(MPI.IN_PLACE, array),
@@ -96,6 +102,17 @@ def main(argv=None) -> int:
         ROWS[4]: lambda i: schedule.groups_for_step(i),
         ROWS[5]: exchange_if_active,
     }
+    return calls, close
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    hvd.init()
+    world = MPI.COMM_WORLD
+    size = world.Get_size()
+    if size % args.group_size or size % 2:
+        raise SystemExit(f"--group-size {args.group_size} and 2 must divide the {size} ranks")
+    calls, close = operations(args, world)
     times = {row: [] for row in ROWS}
     for i in range(args.warmup + args.iterations):
         for row, call in calls.items():
@@ -107,14 +124,8 @@ def main(argv=None) -> int:
                 times[row].append(time.perf_counter() - start)
     # an iteration lasts as long as its slowest rank
     slowest = {row: np.max(world.allgather(times[row]), axis=0) for row in ROWS}
-    schedule.close()
-    if active:
-        finish(pairs, rank, [partner], args.warmup + args.iterations, 60.0, 60.0)
-    else:
-        responder.wait()
-    pairs.Free()
-    group_comm.Free()
-    if rank == 0:
+    close()
+    if world.Get_rank() == 0:
         medians = {row: 1e6 * statistics.median(slowest[row]) for row in ROWS}
         print(f"{size} ranks, {args.idle_ms:g} ms idle before each operation (emulated "
               f"compute), {args.bytes} bytes, groups of {args.group_size}; median of "
