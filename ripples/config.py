@@ -1,12 +1,15 @@
 """One validated configuration: explicit arguments > ``RIPPLES_*`` environment > the
 Horovod variables a Horovod job may already set (``HOROVOD_NAMES``) > defaults.
 
-This module is the only place that reads ``RIPPLES_*`` variables. Unknown ``RIPPLES_*``
-names produce a warning (a typo must not silently fall back to a default).
+This module is the only place that reads ``RIPPLES_*`` variables. An unknown ``RIPPLES_*``
+name produces a warning naming the closest valid one (a typo must not silently fall back to
+a default); in a job launched by ``mpiexec``/``ripplesrun`` only world rank 0 prints it.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 import warnings
 from typing import Any, Mapping, Optional
@@ -24,6 +27,10 @@ HOROVOD_NAMES = {
 }
 
 GROUP_ALLREDUCE = ("auto", "communicator", "ring")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# The world rank as launchers announce it to each process (Open MPI, PMIx, MPICH/Slurm's PMI),
+# readable before MPI is initialized.
+LAUNCHER_RANK_NAMES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +65,9 @@ class Config:
         before it negotiates them (Horovod's cycle time); a caller that waits negotiates at
         once.
     verbose: log the MPI library and per-rank facts at ``init()``.
+    log_level: threshold of the ``"ripples"`` logger, set at ``init()``: ``"debug"``,
+        ``"info"``, ``"warning"`` or ``"error"`` (any case). Below ``"warning"``, ripples
+        adds a handler printing to stderr unless logging is already configured.
     slowdown: heterogeneity injection, ``"RANK:FACTOR[,RANK:FACTOR]"``.
     random_slowdown: ``"P:FACTOR"``: each step each rank is slow with probability P.
     compute_ms: emulated compute time per step (benchmarks), 0 for real compute only.
@@ -92,6 +102,7 @@ class Config:
     bucket_bytes: int = 25 * 1024 * 1024
     cycle_time_ms: float = 1.0
     verbose: bool = False
+    log_level: str = "warning"
     slowdown: str = ""
     random_slowdown: str = ""
     compute_ms: float = 0.0
@@ -113,6 +124,10 @@ class Config:
                  "a positive number of seconds")
         _require(self.group_allreduce in GROUP_ALLREDUCE, "group_allreduce",
                  self.group_allreduce, " or ".join(repr(v) for v in GROUP_ALLREDUCE))
+        _require(isinstance(self.log_level, str) and self.log_level.lower() in LOG_LEVELS,
+                 "log_level", self.log_level, " or ".join(repr(v) for v in LOG_LEVELS))
+        # Frozen: normalize the case through object.__setattr__ ("DEBUG" -> "debug").
+        object.__setattr__(self, "log_level", self.log_level.lower())
         _require(self.cache_capacity >= 1, "cache_capacity", self.cache_capacity, "an integer >= 1")
         _require(self.fusion_threshold_bytes >= 0, "fusion_threshold_bytes",
                  self.fusion_threshold_bytes, "an integer >= 0 (0 disables fusion)")
@@ -133,6 +148,21 @@ class Config:
             return self.fault_tolerant
         return self.group_allreduce == "ring"
 
+    def apply_log_level(self) -> None:
+        """Set the ``"ripples"`` logger to ``log_level`` (``init()`` calls this).
+
+        Messages below WARNING reach no handler by default, so for ``"debug"`` and
+        ``"info"`` a stderr handler is added when neither the ``"ripples"`` logger nor the
+        root logger has one (a script that configured logging keeps its own handlers).
+        """
+        logger = logging.getLogger("ripples")
+        level = getattr(logging, self.log_level.upper())
+        logger.setLevel(level)
+        if level < logging.WARNING and not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("ripples %(levelname)s: %(message)s"))
+            logger.addHandler(handler)
+
     @classmethod
     def load(cls, environ: Optional[Mapping[str, str]] = None, **overrides: Any) -> "Config":
         """Build the configuration from ``overrides`` (highest), the environment, defaults."""
@@ -148,13 +178,39 @@ class Config:
                 continue
             name = key[len(ENV_PREFIX):].lower()
             if name not in fields:
-                warnings.warn(f"unknown environment variable {key} ignored; ripples reads "
-                              f"{', '.join(ENV_PREFIX + n.upper() for n in sorted(fields))}",
-                              stacklevel=2)
+                if launcher_rank(environ) in (None, 0):
+                    # stacklevel=1: one location, so Python prints each message once per
+                    # process however many times the configuration is loaded.
+                    warnings.warn(unknown_variable_message(key, fields), stacklevel=1)
                 continue
             values[name] = _parse(key, text, fields[name].type)
         values.update(overrides)
         return cls(**values)
+
+
+def launcher_rank(environ: Mapping[str, str]) -> Optional[int]:
+    """This process's world rank as set by the launcher (``LAUNCHER_RANK_NAMES``), or None
+    for a process that no launcher started (or an unreadable value)."""
+    for key in LAUNCHER_RANK_NAMES:
+        text = environ.get(key, "").strip()
+        if text:
+            try:
+                return int(text)
+            except ValueError:
+                return None
+    return None
+
+
+def unknown_variable_message(key: str, settings) -> str:
+    """The warning for an unknown ``RIPPLES_*`` variable ``key``: the closest valid name
+    (``difflib``) when one is close, else all of them. ``settings``: the valid field names."""
+    suffix = key[len(ENV_PREFIX):].lower()
+    close = difflib.get_close_matches(suffix, list(settings), n=1, cutoff=0.7)
+    if close:
+        return (f"unknown environment variable {key} ignored; did you mean "
+                f"{ENV_PREFIX + close[0].upper()}?")
+    return (f"unknown environment variable {key} ignored; ripples reads "
+            f"{', '.join(ENV_PREFIX + name.upper() for name in sorted(settings))}")
 
 
 def _parse(key: str, text: str, type_name: Any):

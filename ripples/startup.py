@@ -39,6 +39,7 @@ def init(comm: Optional[MPI.Comm] = None, config: Optional[Config] = None,
     if comm is not None and not isinstance(comm, MPI.Comm):
         raise TypeError(f"init(comm=...) takes an mpi4py communicator, got {type(comm).__name__}")
     config = config or Config.load(**settings)
+    config.apply_log_level()
     if config.fault_tolerant:
         check_fault_tolerance(config)
     if not MPI.Is_initialized():

@@ -63,3 +63,83 @@ def test_horovod_variables_apply_below_ripples_ones():
     assert Config.load(environ=environ, timeline="").timeline == ""
     with pytest.raises(ValueError, match="HOROVOD_CYCLE_TIME"):
         Config.load(environ={"HOROVOD_CYCLE_TIME": "fast"})
+
+
+def unknown_variable_warnings(environ):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Config.load(environ=environ)
+    return [str(w.message) for w in caught]
+
+
+def test_a_mistyped_variable_gets_the_closest_name_only():
+    messages = unknown_variable_warnings({"RIPPLES_TIMOUT_S": "5"})
+    assert messages == ["unknown environment variable RIPPLES_TIMOUT_S ignored; did you mean "
+                        "RIPPLES_TIMEOUT_S?"]
+    # ripplesrun's flag names are close enough to their settings.
+    assert unknown_variable_warnings({"RIPPLES_METRICS": "m.json"})[0].endswith(
+        "did you mean RIPPLES_METRICS_PATH?")
+
+
+def test_a_name_close_to_nothing_lists_the_valid_names():
+    [message] = unknown_variable_warnings({"RIPPLES_FOO": "1"})
+    assert "did you mean" not in message
+    assert "RIPPLES_TIMEOUT_S" in message and "RIPPLES_LOG_LEVEL" in message
+
+
+@pytest.mark.parametrize("rank_variable", ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"])
+def test_unknown_variable_warned_by_world_rank_0_only(rank_variable):
+    assert len(unknown_variable_warnings({"RIPPLES_TIMOUT_S": "5", rank_variable: "0"})) == 1
+    assert unknown_variable_warnings({"RIPPLES_TIMOUT_S": "5", rank_variable: "1"}) == []
+    # Open MPI's variable wins over the others when a launcher sets several.
+    assert unknown_variable_warnings({"RIPPLES_TIMOUT_S": "5", "OMPI_COMM_WORLD_RANK": "3",
+                                      "PMIX_RANK": "0"}) == []
+
+
+def test_unknown_variable_warned_once_per_process():
+    """However many times the configuration is loaded (a script, then init())."""
+    import ripples.config
+    ripples.config.__dict__.pop("__warningregistry__", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        Config.load(environ={"RIPPLES_TIMOUT_S": "5"})
+        Config.load(environ={"RIPPLES_TIMOUT_S": "5"})  # another call site
+    assert len(caught) == 1
+
+
+@pytest.mark.parametrize("text,level", [("debug", "debug"), ("INFO", "info"),
+                                        ("Warning", "warning"), ("error", "error")])
+def test_log_level_parsed_case_insensitively(text, level):
+    assert Config.load(environ={"RIPPLES_LOG_LEVEL": text}).log_level == level
+
+
+def test_log_level_default_and_bad_value():
+    assert Config.load(environ={}).log_level == "warning"
+    with pytest.raises(ValueError, match="log_level must be 'debug' or 'info' or 'warning' or "
+                                         "'error', got 'verbose'"):
+        Config.load(environ={"RIPPLES_LOG_LEVEL": "verbose"})
+
+
+def test_apply_log_level_sets_the_ripples_logger(monkeypatch):
+    import logging
+    logger = logging.getLogger("ripples")
+    monkeypatch.setattr(logger, "level", logger.level)
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    Config(log_level="error").apply_log_level()
+    assert logger.level == logging.ERROR and logger.handlers == []
+    Config(log_level="debug").apply_log_level()
+    assert logger.level == logging.DEBUG
+    assert [type(h) for h in logger.handlers] == [logging.StreamHandler]  # debug lines show
+    Config(log_level="info").apply_log_level()
+    assert logger.level == logging.INFO and len(logger.handlers) == 1  # not added twice
+
+
+def test_apply_log_level_keeps_a_scripts_logging_setup(monkeypatch):
+    import logging
+    logger = logging.getLogger("ripples")
+    monkeypatch.setattr(logger, "level", logger.level)
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler()])
+    Config(log_level="debug").apply_log_level()
+    assert logger.level == logging.DEBUG and logger.handlers == []
