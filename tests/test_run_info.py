@@ -7,8 +7,8 @@ from ripples.info import _origin, _wheel_files, format_info
 from ripples.run import find_mpiexec
 
 
-def run_info(*args):
-    return subprocess.run([sys.executable, "-m", "ripples.info", *args], capture_output=True,
+def run_info(*args, module="ripples.info"):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                           text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
@@ -36,6 +36,27 @@ def test_info_prints_versions_and_mpi_library():
         assert lines["mpiexec"].startswith(find_mpiexec())
         for key in ("torch", "mpi4py", "libmpi", "cupy", "NCCL", "nvcc"):
             assert lines[key], key
+
+
+def test_python_m_ripples_is_the_ripples_command():
+    result = run_info(module="ripples")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert report(result.stdout)["MPI library"] == library_line()
+    result = run_info("--version", module="ripples")
+    assert result.returncode == 0 and result.stdout == "ripples 0.1.0 (ripples-mpi)\n"
+
+
+def test_help_of_each_subcommand():
+    top = run_info("--help", module="ripples")
+    assert top.returncode == 0 and top.stdout.startswith("usage: ripples [-h]")
+    listed = [line.split()[0] for line in top.stdout.split("commands:")[1].splitlines()[2:]
+              if line.startswith("    ")]
+    assert listed == ["info", "sim"]
+    for command in listed:
+        result = run_info(command, "--help", module="ripples")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"usage: ripples {command} [-h]"), result.stdout
+    assert "MPI thread level" not in run_info("info", "--help").stdout  # help, no report
 
 
 def test_unknown_subcommand_is_a_usage_error():
