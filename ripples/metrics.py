@@ -2,19 +2,34 @@
 
 Pure bookkeeping: callers report what happened; nothing here talks to other ranks. Each rank
 writes its own JSON file (``per_rank_path(path, rank)``: ``m.json`` -> ``m.rank3.json``).
+
+Steps and communication wait are counted by the ``DistributedOptimizer``; samples are not,
+since only the training script knows its batch size. A script reports them once per batch,
+so that ``"samples"`` and ``"samples_per_s"`` in the ``--metrics`` JSON mean something::
+
+    import ripples.metrics
+    for x, y in loader:
+        ...
+        opt.step()
+        ripples.metrics.record_samples(len(x))   # or: opt.metrics.add_samples(len(x))
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import time
+import weakref
 from collections import Counter
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ripples.timeline import per_rank_path
 
-__all__ = ["RankMetrics"]
+__all__ = ["RankMetrics", "record_samples"]
+
+# The RankMetrics made last in this process (the current DistributedOptimizer's), weakly.
+_latest: Optional["weakref.ReferenceType[RankMetrics]"] = None
 
 
 class RankMetrics:
@@ -23,6 +38,7 @@ class RankMetrics:
     """
 
     def __init__(self, rank: int, clock: Callable[[], float] = time.perf_counter):
+        global _latest
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank must be an integer >= 0, got {rank!r}")
         self.rank = rank
@@ -34,6 +50,7 @@ class RankMetrics:
         self.consensus: List[Tuple[int, float]] = []
         self._start = clock()
         self._stop: Optional[float] = None
+        _latest = weakref.ref(self)
 
     def reset_clock(self) -> None:
         """Restart wall time now (e.g. after warm-up); counters are kept."""
@@ -51,10 +68,13 @@ class RankMetrics:
 
     def add_step(self, samples: int = 0) -> None:
         """Count one finished training step that processed ``samples`` samples."""
-        if not isinstance(samples, int) or samples < 0:
-            raise ValueError(f"samples must be an integer >= 0, got {samples!r}")
+        self.add_samples(samples)
         self.steps += 1
-        self.samples += samples
+
+    def add_samples(self, n: int) -> None:
+        """Count ``n`` samples this rank processed (call once per batch with its size), for
+        ``"samples"`` and ``"samples_per_s"``; steps are not counted."""
+        self.samples += _sample_count(n)
 
     def add_wait(self, seconds: float) -> None:
         """Add time spent blocked in communication."""
@@ -110,3 +130,31 @@ class RankMetrics:
         with open(target, "w", encoding="utf-8") as handle:
             json.dump(self.as_dict(), handle, indent=1)
         return target
+
+
+def record_samples(n: int) -> None:
+    """Count ``n`` samples (a batch's size) on this rank's current metrics: those of the
+    ``DistributedOptimizer`` made last in this process, written to ``--metrics`` /
+    ``RIPPLES_METRICS_PATH`` at shutdown. Call it once per batch::
+
+        opt.step()
+        ripples.metrics.record_samples(len(batch))
+
+    Does nothing while no optimizer (no ``RankMetrics``) exists, so a script can call it
+    whether or not it trains through ripples. ValueError unless ``n`` is an integer >= 0.
+    """
+    count = _sample_count(n)
+    current = _latest() if _latest is not None else None
+    if current is not None:
+        current.add_samples(count)
+
+
+def _sample_count(n) -> int:
+    """``n`` as an int (numpy and 0-d torch integers too); ValueError unless an integer >= 0."""
+    try:
+        count = operator.index(n)
+    except TypeError:
+        count = -1
+    if isinstance(n, bool) or count < 0:
+        raise ValueError(f"samples must be an integer >= 0, got {n!r}")
+    return count

@@ -1,9 +1,14 @@
 """Per-rank metrics bookkeeping with a fake clock."""
+import gc
 import json
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
-from ripples.metrics import RankMetrics
+from ripples.metrics import RankMetrics, record_samples
 
 
 class Clock:
@@ -88,3 +93,61 @@ def test_write_json_one_file_per_rank(tmp_path):
     loaded = [json.loads(open(p).read()) for p in paths]
     assert [d["samples"] for d in loaded] == [1, 2]
     assert loaded[1]["groups_by_size"] == {"2": 1}
+
+
+def test_add_samples_counts_samples_not_steps():
+    clock = Clock()
+    m = RankMetrics(0, clock=clock)
+    m.add_samples(32)
+    m.add_samples(np.int64(16))           # numpy and 0-d torch integers count too
+    m.add_step()
+    clock.now += 2
+    d = m.as_dict()
+    assert (d["steps"], d["samples"], d["samples_per_s"]) == (1, 48, 24.0)
+    for bad in (-1, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="samples must be an integer >= 0"):
+            m.add_samples(bad)
+    assert m.samples == 48
+
+
+def test_record_samples_counts_on_the_latest_metrics():
+    first, second = RankMetrics(0), RankMetrics(0)
+    record_samples(5)
+    record_samples(3)
+    assert (first.samples, second.samples) == (0, 8)
+    with pytest.raises(ValueError, match="samples must be"):
+        record_samples(-1)
+
+
+def test_record_samples_without_metrics_does_nothing():
+    RankMetrics(0)                        # made and dropped at once
+    gc.collect()
+    record_samples(5)                     # no error, nothing to count on
+    with pytest.raises(ValueError, match="samples must be"):
+        record_samples(1.5)               # still checked
+
+
+def test_samples_reach_the_metrics_file_of_a_training_job(tmp_path):
+    code = """
+import torch, ripples.torch as hvd, ripples.metrics
+hvd.init()
+model = torch.nn.Linear(4, 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+for step in range(3):
+    x = torch.ones(8 + hvd.rank(), 4)
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+    ripples.metrics.record_samples(len(x))
+hvd.shutdown()
+"""
+    result = subprocess.run(
+        [sys.executable, "-m", "ripples.run", "-np", "2", "--metrics", str(tmp_path / "m.json"),
+         "--timeout", "30", sys.executable, "-c", code], capture_output=True, text=True,
+        timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(2):
+        d = json.loads((tmp_path / f"m.rank{rank}.json").read_text())
+        assert (d["steps"], d["samples"]) == (3, 3 * (8 + rank))
+        assert d["samples_per_s"] > 0
