@@ -23,6 +23,7 @@ import torch
 
 import ripples.torch as hvd
 from ripples.config import Config
+from ripples.progress import progress_bar
 
 
 @dataclass
@@ -115,7 +116,7 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
                                          **options)
     shard_x, shard_y = data.x_train[rank::size], data.y_train[rank::size]
     generator = torch.Generator().manual_seed(seed + rank)
-    bar = _progress_bar(f"{sync:>9}", seconds) if progress and rank == 0 else None
+    bar = progress_bar(seconds, f"{sync:>9}", unit="s") if progress and rank == 0 else None
     curve, time_to_target = [], None
     # Schedules computed without communication cannot let a rank leave early: with them all
     # ranks stop at one agreed step (the slowest clock, compared every 10 steps).
@@ -162,12 +163,6 @@ def _time_is_up(elapsed: float, seconds: float, step: int, together: bool) -> bo
         return False
     slowest = hvd.allreduce(torch.tensor([elapsed]), op=hvd.Max)
     return slowest.item() >= seconds
-
-
-def _progress_bar(label: str, seconds: float):
-    from tqdm import tqdm
-    return tqdm(total=seconds, desc=label, unit="s", mininterval=1.0, bar_format="{desc}: {bar} {n:.0f}/{total:.0f} s",
-                file=sys.stderr)
 
 
 def format_table(results: List[ModeResult], target: float) -> str:
