@@ -324,3 +324,13 @@ def test_launch_output_filename_collects_each_ranks_output(tmp_path):
     written = "".join(p.read_text() for p in sorted(prefix.parent.rglob("*"))
                       if p.is_file() and str(p).startswith(str(prefix)))
     assert sorted(written.splitlines()) == ["output of rank 0", "output of rank 1"]
+
+
+def test_launch_log_level_info_shows_the_ripples_loggers_info_lines():
+    code = ("import logging, ripples.torch as hvd; hvd.init(); "
+            "logging.getLogger('ripples').info('hello from rank %d', hvd.rank()); hvd.shutdown()")
+    for flags, shown in (([], False), (["--log-level", "info"], True)):
+        result = run_launcher(["-np", "2", *flags, sys.executable, "-c", code], timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        for rank in range(2):
+            assert (f"ripples INFO: hello from rank {rank}" in result.stderr) == shown, flags
