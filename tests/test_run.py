@@ -273,8 +273,8 @@ def test_launch_x_reaches_every_rank():
 
 
 def test_launch_x_of_an_unset_variable_launches_nothing():
-    result = run_launcher(["-np", "2", "-x", "SURELY_UNSET_VARIABLE_OF_THIS_TEST", sys.executable, "-c",
-                           "print('ran')"])
+    result = run_launcher(["-np", "2", "-x", "SURELY_UNSET_VARIABLE_OF_THIS_TEST",
+                           sys.executable, "-c", "print('ran')"])
     assert result.returncode == 2 and "ran" not in result.stdout
     assert "SURELY_UNSET_VARIABLE_OF_THIS_TEST is not set" in result.stderr
 
