@@ -149,7 +149,7 @@ def worker(args) -> None:
     from mpi4py import MPI
 
     from ripples.schedule import GroupGenerator
-    from ripples.schedule.doorbell import Doorbell
+    from ripples.comm.doorbell import Doorbell
     from ripples.schedule.service import GeneratorService
 
     world = MPI.COMM_WORLD

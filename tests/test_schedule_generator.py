@@ -116,6 +116,71 @@ def test_wait_for_company_is_bounded():
     assert gen.poll() == {0: [(1, (0,))]}
 
 
+def test_a_worker_away_from_training_is_not_waited_for():
+    """Workers in a collective of the script (or done with their epoch) told the generator
+    so: an isolated worker gets a group of itself at once instead of waiting for company."""
+    now = [0.0]
+    gen = GroupGenerator(3, 2, seed=0, max_isolation=1, first_wait_s=0.0,
+                         company_wait_s=30.0, clock=lambda: now[0])
+    gen.away(1)
+    gen.away(2)
+    gen.request(0)
+    assert gen.poll() == {0: [(0, (0,))]}  # alone once, nobody to wait for
+    gen.request(0)
+    assert gen.poll() == {0: [(1, (0,))]}  # and again: the others cannot come
+    assert gen.present == [0] and gen.active == [0, 1, 2]
+    gen.request(1)  # back from its collective
+    assert gen.present == [0, 1]
+    gen.request(0)
+    assert gen.poll() == {0: [(2, (0, 1))], 1: [(2, (0, 1))]}
+
+
+def test_an_isolated_worker_waits_for_company_only_while_it_may_come():
+    """Others known to ask every second are waited for until they are overdue (two of their
+    intervals without a request), not for company_wait_s."""
+    now = [0.0]
+    gen = GroupGenerator(2, 2, seed=0, max_isolation=1, first_wait_s=0.0,
+                         company_wait_s=30.0, clock=lambda: now[0])
+    for t in (0.0, 1.0):  # both ask every second, together
+        now[0] = t
+        gen.request(0)
+        gen.request(1)
+        assert set(gen.poll()) == {0, 1}
+    now[0] = 1.2  # worker 0 alone; worker 1 is expected at 2.0, after 0's window (0.1 s)
+    gen.request(0)
+    assert gen.poll() == {0: [(2, (0,))]}  # alone once
+    gen.request(0)
+    assert gen.poll() == {}  # must have company: worker 1 is expected at 2.0
+    assert gen.next_deadline() == pytest.approx(3.0)  # when worker 1 becomes overdue
+    now[0] = 2.9
+    assert gen.poll() == {}
+    now[0] = 3.0  # worker 1 never came: it is doing something else
+    assert gen.poll() == {0: [(3, (0,))]}
+
+
+def test_away_is_ignored_while_a_request_is_outstanding_and_after_leaving():
+    now = [0.0]
+    gen = GroupGenerator(2, 2, seed=0, first_wait_s=1.0, clock=lambda: now[0])
+    gen.request(0)
+    gen.away(0)  # it is waiting for its groups, so it is not away
+    assert gen.present == [0, 1]
+    gen.leave(1)
+    gen.away(1)
+    assert gen.present == [0]
+    assert gen.poll() == {0: [(0, (0,))]}  # nobody else present: divided at once
+
+
+def test_all_policy_leaves_away_workers_out_of_divisions():
+    now = [0.0]
+    gen = GroupGenerator(4, 2, seed=0, policy="all", clock=lambda: now[0])
+    gen.away(3)
+    gen.request(0)
+    answer = gen.poll()
+    members = {w for _, group in answer[0] for w in group}
+    assert 3 not in members and gen.divisions == 1
+    assert all(3 not in g for w in (0, 1, 2) for _, g in gen._workers[w].fifo)
+
+
 def test_left_worker_is_never_assigned_again():
     now = [0.0]
     gen = GroupGenerator(4, 2, seed=0, policy="all", batch=3, clock=lambda: now[0])

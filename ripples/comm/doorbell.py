@@ -1,11 +1,11 @@
-"""A doorbell that lets the Group Generator service thread sleep in the kernel between
-requests instead of polling MPI.
+"""A doorbell that lets a service thread (the Group Generator's, the shared work pool's)
+sleep in the kernel between requests instead of polling MPI.
 
-Open MPI 5 has no MPI receive that sleeps (see ``service.py``), so requests still travel
-over MPI, and the doorbell only says "look now": after sending a request, a client sends
-one byte in a UDP datagram to the service's socket, and the service thread waits in
-``select()`` on that socket, which takes no CPU until a datagram arrives or its timeout
-(the generator's next deadline) passes.
+Open MPI 5 has no MPI receive that sleeps (see ``ripples/schedule/service.py``), so
+requests still travel over MPI, and the doorbell only says "look now": after sending a
+request, a client sends one byte in a UDP datagram to the service's socket, and the
+service thread waits in ``select()`` on that socket, which takes no CPU until a datagram
+arrives or its timeout (e.g. the generator's next deadline) passes.
 
 A datagram may be lost or come before the MPI message it announces; neither can hang the
 service, only delay it: after each ring the service polls MPI for a short grace period, and

@@ -57,6 +57,7 @@ def _group_of(process_set: ProcessSet, what: str):
     if rt.rank not in group:
         raise ValueError(f"rank {rt.rank} called {what} on {process_set}, which does not "
                          "contain it; only members may call it")
+    rt.left_training_step()  # a collective of the script, not a training step's P-Reduce
     return rt, group
 
 

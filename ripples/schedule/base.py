@@ -49,6 +49,12 @@ class Schedule(abc.ABC):
         """The ``(seq, group)`` pairs to execute after local step ``step``, in execution
         order. May be empty (no communication this step)."""
 
+    def away(self) -> None:
+        """This rank left the training step for a while (a collective of the script,
+        evaluation, the end of its share of an epoch): a schedule that forms groups from the
+        ranks that ask stops waiting for it until it asks again. Nothing to do for the
+        others."""
+
     def leave(self) -> List[Assignment]:
         """Stop receiving groups; return the pairs already assigned that must still run.
 

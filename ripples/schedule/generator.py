@@ -19,14 +19,23 @@ numbered by one global counter. Which workers are divided is the policy:
   ready it may wait a window of ``window_fraction`` times its own request interval (EMA,
   capped by ``max_wait_s``; ``first_wait_s`` before an interval is known) for other workers.
   The division runs as soon as the window of some ready worker has expired, or earlier when
-  no other active worker is expected (last request + its interval EMA) before that. So
+  no other present worker is expected (last request + its interval EMA) before that. So
   workers of similar speed meet, a slow worker waits briefly for fast ones (its window is
   long) and fast workers never wait for a slow one (its expected arrival is far away). A
   ready worker alone gets a group of itself only if it has been alone fewer than
   ``max_isolation`` divisions in a row; otherwise it waits for the next worker to become
-  ready, which bounds how far its model drifts, but at most ``company_wait_s``: the others
-  may be blocked on something the generator cannot see (a collective of the script, a dead
-  rank), and progress must not depend on them.
+  ready, which bounds how far its model drifts, but only while some other worker may come:
+  at most ``company_wait_s``, and not at all when every other worker is away or overdue.
+
+Presence: the generator never waits for a worker that cannot come. A worker is *away* from
+``away(w)`` (it told the generator that it left the training step: it is in a collective of
+the script, evaluating, done with its share of the epoch) until its next request, and
+*overdue* once ``OVERDUE_INTERVALS`` of its own request intervals have passed since its last
+request without a new one (it is doing something the generator was not told of, such as
+evaluation or a checkpoint, or it is stuck). Neither kind is waited for, by a window or for
+company; an away worker is also left out of ``"all"`` divisions. A worker whose speed is
+not known yet (fewer than two requests) may come at any moment and is waited for, within
+the bounds above.
 
 Topology (``ranks_per_node``, optional): a division first groups the workers of each node
 among themselves (fast links), and only every ``cross_node_every``-th division, plus the
@@ -49,11 +58,17 @@ import numpy as np
 
 from .base import (POLICIES, Assignment, Group, check_choice, check_group_size, check_int)
 
+# A worker that has not asked for this many of its own request intervals is doing something
+# else (evaluation, a checkpoint, a collective of the script): 1 would call every step a
+# little slower than average overdue; at 2 a step must take twice the usual time.
+OVERDUE_INTERVALS = 2.0
+
 
 @dataclasses.dataclass
 class _Worker:
     fifo: Deque[Assignment] = dataclasses.field(default_factory=collections.deque)
     active: bool = True
+    away: bool = False  # told the generator it left the training step; back at its request
     waiting_since: Optional[float] = None  # outstanding request, None if none
     last_request: Optional[float] = None
     interval_ema: Optional[float] = None
@@ -165,7 +180,7 @@ class GroupGenerator:
         # Every structure below is kept up to date event by event, so a request costs O(k)
         # (plus O(log P) heap work), never a scan of all P workers: at 1,024 workers asking
         # every 100 ms a scan per request is P^2 = 10^7 visits a second.
-        self._active_count = size
+        self._present_count = size  # active and not away
         self._ready: Dict[int, None] = {}  # workers waiting with an empty FIFO
         self._ready_deadline = math.inf  # min of _deadline() over the ready workers
         self._touched: set = set()  # workers whose answer may be due at the next poll()
@@ -177,6 +192,11 @@ class GroupGenerator:
     def active(self) -> List[int]:
         """Workers that have not left."""
         return [w for w, s in enumerate(self._workers) if s.active]
+
+    @property
+    def present(self) -> List[int]:
+        """Active workers that are not away."""
+        return [w for w, s in enumerate(self._workers) if s.active and not s.away]
 
     def speed_estimate(self, worker: int) -> Optional[float]:
         """The EMA of ``worker``'s request interval in seconds, None before two requests."""
@@ -190,7 +210,9 @@ class GroupGenerator:
         if len(self._ready) == 1:
             (only,) = self._ready
             if self._must_have_company(only):
-                return self._workers[only].waiting_since + self.company_wait_s
+                # Re-examined when the company it waits for becomes overdue.
+                return min(self._workers[only].waiting_since + self.company_wait_s,
+                           self._next_overdue())
         return self._ready_deadline
 
     # -- events --------------------------------------------------------------------
@@ -203,6 +225,9 @@ class GroupGenerator:
             raise ValueError(f"worker {worker} already has an outstanding request")
         now = self._clock()
         self._leave_others(worker)
+        if state.away:
+            state.away = False
+            self._present_count += 1
         if state.last_request is not None:
             interval = now - state.last_request
             state.interval_ema = interval if state.interval_ema is None else \
@@ -216,6 +241,18 @@ class GroupGenerator:
             self._ready[worker] = None
             self._ready_deadline = min(self._ready_deadline, self._deadline(worker))
 
+    def away(self, worker: int) -> None:
+        """Record that ``worker`` left the training step (a collective of the script,
+        evaluation, the end of its share of the epoch): nobody waits for it until its next
+        request. Groups already in its buffer stay there (it executes them when it comes
+        back). Ignored for a worker that has left or has an outstanding request."""
+        state = self._workers[self._check_worker(worker)]
+        if not state.active or state.away or state.waiting_since is not None:
+            return
+        self._leave_others(worker)
+        state.away = True
+        self._present_count -= 1
+
     def leave(self, worker: int) -> List[Assignment]:
         """Remove ``worker`` from future divisions; return its buffered groups, which it
         must still execute (its group-mates expect it)."""
@@ -227,7 +264,8 @@ class GroupGenerator:
                                            default=math.inf)
             else:
                 self._leave_others(worker)
-            self._active_count -= 1
+            if not state.away:
+                self._present_count -= 1
         state.active = False
         state.waiting_since = None
         self._touched.discard(worker)
@@ -238,7 +276,7 @@ class GroupGenerator:
     def poll(self) -> Dict[int, List[Assignment]]:
         """Run the divisions that are due and return the answers to outstanding requests."""
         if self._ready and (self.policy == "all" or self._should_divide()):
-            members = self.active if self.policy == "all" else sorted(self._ready)
+            members = self.present if self.policy == "all" else sorted(self._ready)
             for _ in range(self.batch):
                 self._divide(members)
             for w in self._ready:
@@ -287,18 +325,31 @@ class GroupGenerator:
         state = self._workers[entry[2]]
         return state.in_others and state.version == entry[1]
 
+    def _overdue_at(self, entry) -> float:
+        expected, _, worker = entry
+        return expected + (OVERDUE_INTERVALS - 1) * self._workers[worker].interval_ema
+
     def _earliest_other(self) -> float:
-        """The earliest expected request among the others whose speed is known."""
-        while self._expected and not self._valid(self._expected[0]):
+        """The earliest expected request among the others whose speed is known and that
+        are not overdue (an overdue one is dropped from the index until it asks again)."""
+        now = self._clock()
+        while self._expected and (not self._valid(self._expected[0])
+                                  or self._overdue_at(self._expected[0]) <= now):
             heapq.heappop(self._expected)
         return self._expected[0][0] if self._expected else math.inf
+
+    def _next_overdue(self) -> float:
+        """When the earliest expected other becomes overdue (inf if none is expected)."""
+        if self._earliest_other() == math.inf:
+            return math.inf
+        return self._overdue_at(self._expected[0])
 
     def _must_have_company(self, worker: int) -> bool:
         if self.group_size == 1:
             return False
-        others = self._active_count - 1
         state = self._workers[worker]
-        return (others > 0 and state.lone_rounds >= self.max_isolation
+        company_may_come = self._unknown_others > 0 or self._earliest_other() < math.inf
+        return (state.lone_rounds >= self.max_isolation and company_may_come
                 and self._clock() < state.waiting_since + self.company_wait_s)
 
     def _deadline(self, worker: int) -> float:
@@ -318,7 +369,7 @@ class GroupGenerator:
     def _should_divide(self) -> bool:
         if len(self._ready) == 1 and self._must_have_company(next(iter(self._ready))):
             return False
-        if self._active_count == len(self._ready):
+        if self._present_count == len(self._ready):
             return True  # nobody else to wait for
         deadline = self._ready_deadline
         if self._clock() >= deadline:

@@ -50,7 +50,7 @@ from typing import List, Optional
 
 from ..errors import RipplesError, RipplesTimeoutError
 from .base import Assignment, Schedule, check_group_size
-from .doorbell import Doorbell
+from ..comm.doorbell import Doorbell
 from .generator import GroupGenerator
 
 MAX_NAP_S = 5e-4
@@ -171,6 +171,8 @@ class GeneratorService:
             if op == "groups":
                 self.generator.request(rank)  # answered by poll()
                 self._request_ids[rank] = request_id
+            elif op == "away":  # no answer: the client does not wait for one
+                self.generator.away(rank)
             elif op in ("leave", "close"):
                 if op == "close":
                     self.closed.add(rank)
@@ -222,6 +224,8 @@ class GeneratorSchedule(Schedule):
         self._free_comm = free_comm
         self.timeout_s = timeout_s
         self._held: collections.deque = collections.deque()
+        self._away = False  # told the generator it left the training step
+        self._sends: list = []  # "away" notices still being sent
         self._request_id = 0
         self._closed = False
         self._service: Optional[GeneratorService] = None
@@ -242,6 +246,19 @@ class GeneratorSchedule(Schedule):
         if not self._held:
             self._held.extend(self._call("groups"))
         return [self._held.popleft()]
+
+    def away(self) -> None:
+        """Tell the generator, without waiting for an answer, that this rank left the
+        training step (see ``GroupGenerator.away``); its next request brings it back. Sent
+        once per absence, only when it holds no groups (they are waited for)."""
+        if self._away or self._held or self._left:
+            return
+        self._away = True
+        self._sends = [req for req in self._sends if not req.Test()]
+        self._sends.append(self.comm.isend(("away", self.rank, 0), dest=SERVICE_RANK,
+                                           tag=TAG_REQUEST))
+        if self._doorbell is not None:
+            self._doorbell.ring()
 
     def leave(self) -> List[Assignment]:
         if self._left:
@@ -295,6 +312,7 @@ class GeneratorSchedule(Schedule):
         if self._closed:
             raise RipplesError(f"rank {self.rank}: the group generator schedule is closed")
         self._request_id += 1
+        self._away = False
         send = self.comm.isend((op, self.rank, self._request_id), dest=SERVICE_RANK,
                                tag=TAG_REQUEST)
         if self._doorbell is not None:
@@ -309,7 +327,9 @@ class GeneratorSchedule(Schedule):
                     if reply[2] == self._request_id:  # else: a late answer to a request
                         answer.append(reply)          # that timed out; dropped
             self._raise_service_error()
-            return bool(answer) and send.Test()
+            if self._sends:
+                self._sends = [req for req in self._sends if not req.Test()]
+            return bool(answer) and send.Test() and not self._sends
 
         poll_until(answered, Deadline(
             self.timeout_s, self.timeout_s,

@@ -90,6 +90,30 @@ def test_request_without_company_times_out_then_closes_cleanly():
     comm.Free()
 
 
+def test_a_lone_request_is_answered_at_once_when_the_others_are_away():
+    """The others told the generator they left the training step (a collective of the
+    script, the end of their epoch): a rank that must have company by the isolation rule
+    does not wait company_wait_s (30 s) for them."""
+    from ripples.schedule.service import GeneratorSchedule
+
+    comm = WORLD.Dup()
+    sched = GeneratorSchedule(comm, group_size=2, policy="ready", timeout_s=20.0,
+                              max_isolation=0, company_wait_s=30.0, first_wait_s=30.0)
+    asker = SIZE - 1
+    if RANK != asker:
+        sched.away()
+        sched.away()  # a second notice in the same absence sends nothing
+    WORLD.Barrier()
+    if RANK == asker:
+        start = time.monotonic()
+        assert sched.groups_for_step(0) == [(0, (asker,))]
+        assert time.monotonic() - start < 10.0  # not the 30 s of company_wait_s
+    WORLD.Barrier()
+    assert sched.leave() == []
+    sched.close()
+    comm.Free()
+
+
 def test_service_answers_after_idle_and_at_a_deadline_with_no_other_message():
     """After a silent 1.5 s (the service at its longest nap), a lone request is answered
     when the generator's company window (``first_wait_s``) ends: a deadline, with no other
@@ -114,7 +138,7 @@ def test_service_answers_after_idle_and_at_a_deadline_with_no_other_message():
 
 
 def test_an_idle_service_sleeps_on_its_doorbell_and_wakes_for_a_request():
-    from ripples.schedule.doorbell import MAX_WAIT_S
+    from ripples.comm.doorbell import MAX_WAIT_S
 
     comm = WORLD.Dup()
     sched = make_schedule("generator", rank=RANK, size=SIZE, group_size=SIZE, comm=comm,
