@@ -45,6 +45,17 @@ class Runtime:
         # Called by join() before the ranks meet: decentralized and PS optimizers finish
         # the work already assigned to this rank.
         self.join_hooks: List[Callable[[], None]] = []
+        # Called when this rank leaves the training step (a collective of the script, the
+        # end of its share of an epoch): schedules that form groups from the ranks that ask
+        # stop waiting for it (``Schedule.away``). Cheap and never blocking.
+        self.away_hooks: List[Callable[[], None]] = []
+        # The DistributedOptimizers under which ranks may take different numbers of steps
+        # (a generator schedule, asynchronous AD-PSGD): a shared DistributedSampler then
+        # shares its epochs by speed.
+        self.uneven_steps = weakref.WeakSet()
+        # The shared samplers' work pool (``ripples.torch.sampler.WorkPool``), made by the
+        # first shared DistributedSampler.
+        self.work_pool = None
         # Planned all-reduces (ops.bucket_reducer) a joined rank keeps taking part in.
         self.reducers = weakref.WeakSet()
         # Called by recover() on a rank that learns of a death, before the survivors meet:
@@ -92,6 +103,12 @@ class Runtime:
         self.nccl = None
         self.buffers = None
         self.engine = None
+
+    def left_training_step(self) -> None:
+        """This rank is about to do something other than training steps: run the
+        ``away_hooks``."""
+        for hook in self.away_hooks:
+            hook()
 
     def at_shutdown(self, closer: Callable[[], None]) -> None:
         """Run ``closer`` at ``shutdown()``, before communicators are released (last in, first run)."""

@@ -105,6 +105,7 @@ class AdpsgdOptimizer(WrappedOptimizer):
         self._left_generation = None  # the world in which leave() completed
         self._closed = False
         self._join_world(start=False)
+        rt.uneven_steps.add(self)  # an exchange never waits for a passive rank's step
         rt.join_hooks.append(self.leave)
         rt.abandon_hooks.append(self._abandon_world)
         rt.rebuild_hooks.append(self._new_world)
@@ -248,6 +249,7 @@ class AdpsgdOptimizer(WrappedOptimizer):
             if self._responder is not None:
                 self._responder.stop()
             self._comm.Free()
+            rt.uneven_steps.discard(self)
             for hooks, hook in ((rt.join_hooks, self.leave),
                                 (rt.abandon_hooks, self._abandon_world),
                                 (rt.rebuild_hooks, self._new_world)):

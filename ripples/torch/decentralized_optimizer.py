@@ -163,7 +163,10 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self._left = False
         self._closed = False
         rt = self._runtime
+        if not schedule.lockstep:
+            rt.uneven_steps.add(self)
         rt.join_hooks.append(self.leave)
+        rt.away_hooks.append(self._away)
         rt.abandon_hooks.append(self._abandon_schedule)
         rt.rebuild_hooks.append(self._new_world)
         rt.at_shutdown(self.close)
@@ -227,6 +230,12 @@ class DecentralizedOptimizer(WrappedOptimizer):
     def _restore(self) -> None:
         """Put back the tensors as they were before the P-Reduce a dead member cut short."""
         self._snapshot.restore(self.flat.buffers + [t.detach() for t in self.flat.loose])
+
+    def _away(self) -> None:
+        """This rank left the training step (a collective of the script, the end of its
+        share of an epoch): the schedule stops waiting for it until its next sync."""
+        if not self._in_sync:
+            self.schedule.away()
 
     def _abandon_schedule(self) -> None:
         """Ranks died: stop the schedule without talking to anyone (a generator's
@@ -292,7 +301,9 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self.leave()
         self.schedule.close()
         rt = self._runtime
+        rt.uneven_steps.discard(self)
         rt.join_hooks.remove(self.leave)
+        rt.away_hooks.remove(self._away)
         rt.abandon_hooks.remove(self._abandon_schedule)
         rt.rebuild_hooks.remove(self._new_world)
         rt.cancel_at_shutdown(self.close)
