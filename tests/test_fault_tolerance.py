@@ -7,6 +7,7 @@ import re
 import sys
 
 import pytest
+import torch
 from mpi4py import MPI
 
 from mpi_launch import TESTS_DIR, run_mpi
@@ -97,6 +98,36 @@ def test_elastic_sampler_gives_every_sample_once_through_a_death():
         # exactly once: the survivors' committed samples and the dead rank's
         assert sorted(json.loads(trained) + dead_rank_committed) == list(range(96)), trained
     assert len(re.findall("SAMPLES", result.stdout)) == 3, result.stdout
+
+
+@pytest.mark.parametrize("dead_rank", [2, 0])  # a drawing rank, the pool's keeper
+def test_a_shared_epoch_goes_on_when_a_rank_dies_holding_a_chunk(dead_rank):
+    """4 ranks draw 120 samples in chunks of 4; rank DEAD dies in its third chunk. The
+    survivors finish the epoch: nothing is trained twice, and nothing is missing but the
+    unfinished chunk, and that only with a warning naming it. The next epoch, on 3 ranks,
+    is whole."""
+    result = run_mpi([sys.executable, str(TESTS_DIR / "mpi" / "ft_shared_sampler.py"),
+                      str(dead_rank)], 4, timeout=180, check=False,
+                     env={"RIPPLES_FAULT_TOLERANT": "1", "RIPPLES_TIMEOUT_S": "10"},
+                     mpiexec_args=list(failures.MPIEXEC_ARGS))
+    (dead,) = re.findall(r"DEAD finished=(\[.*\]) held=\[(\d+), (\d+)\]", result.stdout)
+    finished, held = json.loads(dead[0]), range(int(dead[1]), int(dead[2]))
+    trained = {(int(o), int(e)): json.loads(i) for o, e, i in re.findall(
+        r"TRAINED old_rank=(\d) epoch=(\d) indices=(\[.*\])", result.stdout)}
+    survivors = sorted({o for o, _ in trained})
+    assert survivors == [r for r in range(4) if r != dead_rank], result.stdout
+    first = [i for o in survivors for i in trained[o, 0]]
+    assert sorted(first) == sorted(set(first)), result.stdout  # no survivor trained one twice
+    order = torch.randperm(120, generator=torch.Generator().manual_seed(2)).tolist()
+    missing = set(range(120)) - set(first) - set(finished)
+    assert missing <= {order[p] for p in held}, result.stdout  # only the unfinished chunk
+    if missing:
+        assert re.search(r"chunks \[\(\d+, \d+\)\] of pass 1, held by ranks that died, came "
+                         r"back after every rank had finished that pass: they were skipped|"
+                         r"unfinished part of their last chunk is skipped", result.stdout)
+    if dead_rank != 0:  # the keeper lived: what the dead rank finished is not redone
+        assert not set(first) & set(finished), result.stdout
+    assert sorted(i for o in survivors for i in trained[o, 1]) == list(range(120))
 
 
 def test_fault_tolerant_without_ulfm_is_refused_on_every_rank():

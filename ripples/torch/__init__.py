@@ -38,6 +38,7 @@ from ripples.torch.mpi_ops import (allgather, allreduce, alltoall, broadcast, gr
                                    grouped_allreduce, grouped_reducescatter, partial_allreduce,
                                    reducescatter)
 from ripples.torch.optimizer import DistributedOptimizer, Sync
+from ripples.torch.sampler import DistributedSampler
 from ripples.torch.optimizer_base import GradientsPendingError
 from ripples.runtime import on_reset
 from ripples.torch import elastic
