@@ -1,8 +1,9 @@
 """Exact resume of decentralized training (4 ranks, a saving job then a resuming job, see
 tests/mpi/mpi_resume.py): the static and random schedules resume bit for bit; the
 generator resumes without deadlock, with the right counters and an averaged model close
-to the uninterrupted run's; a state loaded on the wrong rank or under other schedule
-settings is refused, naming the setting, and nothing of it is loaded."""
+to the uninterrupted run's; a state saved by another rank loads (every rank may resume
+from rank 0's checkpoint); one saved under other schedule settings is refused, naming the
+setting, and nothing of it is loaded."""
 import re
 import sys
 
@@ -19,7 +20,7 @@ def lines(out, schedule, label):
     return found
 
 
-def test_resume_matches_the_uninterrupted_run_and_refuses_foreign_states(tmp_path):
+def test_resume_matches_the_uninterrupted_run_and_refuses_other_settings(tmp_path):
     schedules = ["static", "random", "generator"]
     env = {"RIPPLES_TIMEOUT_S": "20"}
     run_mpi([sys.executable, SCRIPT, "save", str(tmp_path), *schedules], RANKS, timeout=90,
@@ -29,10 +30,8 @@ def test_resume_matches_the_uninterrupted_run_and_refuses_foreign_states(tmp_pat
     for schedule in schedules:
         counters = lines(out, schedule, "STEPS")
         assert set(counters.values()) == {f"{STEPS} SYNCS {STEPS}"}, out
-        wrong = lines(out, schedule, "WRONG")
-        for rank, error in wrong.items():
-            saved_by = (int(rank) + 1) % RANKS
-            assert f"saved with rank={saved_by} but is loaded with rank={rank}" in error, out
+        assert set(lines(out, schedule, "FOREIGN").values()) == {"none STEPS 5"}, out
+        assert set(lines(out, schedule, "RANK0").values()) == {f"STEPS {STEPS} SYNCS {STEPS}"}, out
         assert set(lines(out, schedule, "UNTOUCHED").values()) == {"1"}, out
         other = lines(out, schedule, "OTHER")
         assert all(f"saved with schedule='{schedule}' but is loaded with schedule=" in e

@@ -2,21 +2,23 @@
 
 A decentralized optimizer saves its step count with the ``settings()`` of its schedule. The
 groups of a step depend on those settings, so a saved count means the same groups only
-under the same settings, and each rank's model is its own: rank r must resume from what
-rank r saved.
+under the same settings. The saving rank is not one of them: the lockstep schedules
+(static, random, AD-PSGD pairs) have every rank at the same count, and the generator's
+groups do not depend on it, so a rank may resume from what another rank saved (Horovod's
+pattern: rank 0 saves one checkpoint, every rank loads it).
 """
 from __future__ import annotations
 
 # The order in which differences are named: a changed world changes the ranks, and
 # another schedule has other settings, so the cause comes first.
-_FIRST = ("schedule", "size", "rank")
+_FIRST = ("schedule", "size")
+# Recorded, but not a reason to refuse (see the module docstring).
+_IGNORED = ("rank",)
 
 _FIXES = {
     "schedule": "build the DistributedOptimizer with the schedule it was saved with "
                 "({saved!r}; 'adpsgd' is sync='adpsgd-sync')",
     "size": "resume with {saved} processes (mpiexec -n {saved})",
-    "rank": "every rank must load the state it saved itself (e.g. name each checkpoint "
-            "file after hvd.rank())",
     "group_size": "build the DistributedOptimizer with group_size={saved}",
     "local_size": "resume with {saved} ranks per node",
     "seed": "set the seed back to {saved} (hvd.init(seed=...) or RIPPLES_SEED)",
@@ -32,7 +34,7 @@ def check_resume(saved: dict, current: dict) -> None:
     state without its ``"ripples"`` entry, and the step counters start again from 0.
     """
     names = [n for n in _FIRST if n in saved or n in current]
-    names += sorted((set(saved) | set(current)) - set(_FIRST))
+    names += sorted((set(saved) | set(current)) - set(_FIRST) - set(_IGNORED))
     for name in names:
         old, new = saved.get(name), current.get(name)
         if old != new:

@@ -54,6 +54,7 @@ from ripples.torch.decentralized_optimizer import Snapshot, current_layout, floa
 from ripples.torch.flat_parameters import FlatParameters
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import record
+from ripples.torch.replicas import ReplicaCheck
 
 log = logging.getLogger("ripples")
 
@@ -96,6 +97,8 @@ class AdpsgdOptimizer(WrappedOptimizer):
         self.mode = mode
         self.exchanges = 0
         self._model = model
+        self.replicas = ReplicaCheck(model, self._runtime.rank, self._runtime.size,
+                                     mode.value)
         self._buffers = floating_buffers(model)
         self.flat = FlatParameters(list(named) + self._buffers)
         self._sync_every = sync_every
@@ -178,6 +181,7 @@ class AdpsgdOptimizer(WrappedOptimizer):
         if self.active and (self._steps + 1) % self._sync_every == 0:
             self._exchange()
         self._end_step()
+        self.replicas.stepped()
         return result
 
     def _exchange(self) -> None:
@@ -249,6 +253,7 @@ class AdpsgdOptimizer(WrappedOptimizer):
             if self._responder is not None:
                 self._responder.stop()
             self._comm.Free()
+            self.replicas.close()
             rt.uneven_steps.discard(self)
             for hooks, hook in ((rt.join_hooks, self.leave),
                                 (rt.abandon_hooks, self._abandon_world),

@@ -20,6 +20,7 @@ from ripples.schedule.resume import check_resume
 from ripples.torch.flat_parameters import FlatParameters
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import record
+from ripples.torch.replicas import ReplicaCheck
 
 log = logging.getLogger("ripples")
 
@@ -138,9 +139,15 @@ class DecentralizedOptimizer(WrappedOptimizer):
     become ready, so a resumed run restores the parameters, optimizer state and counters
     but not the identical sequence of groups: every rank starts a fresh generator (see
     ``GeneratorSchedule``). Each rank saves its own state, with its schedule's settings
-    (schedule, rank, world size, group size...); ``load_state_dict`` raises ValueError, naming
-    the setting, when they differ from this optimizer's, e.g. when a rank loads the file
-    another rank saved.
+    (schedule, world size, group size...); ``load_state_dict`` raises ValueError, naming
+    the setting, when they differ from this optimizer's (e.g. another group size). A rank
+    may load the state another rank saved (every rank loading rank 0's checkpoint): the
+    counters are equal on every rank under the lockstep schedules, and its optimizer state
+    (momentum) becomes that rank's.
+
+    ``model.state_dict()`` reads this rank's replica; the first time it does so while the
+    replicas may differ, a warning says to call ``hvd.average_model(model)`` on every rank
+    before saving or evaluating the model the job trained (``ripples.torch.replicas``).
     """
 
     def __init__(self, optimizer, named, mode, schedule: Schedule, sync_every: int, model,
@@ -156,6 +163,8 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self.schedule_generation = self._runtime.generation
         self._snapshot = Snapshot()
         self._model = model
+        self.replicas = ReplicaCheck(model, self._runtime.rank, self._runtime.size,
+                                     mode.value)
         self._buffers = floating_buffers(model)
         self.flat = FlatParameters(list(named) + self._buffers)
         self._sync_every = sync_every
@@ -188,6 +197,7 @@ class DecentralizedOptimizer(WrappedOptimizer):
                             "with this rank's model", self._runtime.rank, self._steps, failure)
             self._syncs += 1
         self._end_step()
+        self.replicas.stepped()
         return result
 
     def _sync(self) -> None:
@@ -300,6 +310,7 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self._closed = True
         self.leave()
         self.schedule.close()
+        self.replicas.close()
         rt = self._runtime
         rt.uneven_steps.discard(self)
         rt.join_hooks.remove(self.leave)

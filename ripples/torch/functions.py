@@ -8,6 +8,7 @@ import torch
 from ripples.ops.collectives import broadcast_, broadcast_object, grouped_allreduce_
 from ripples.reduce_ops import ReduceOp
 from ripples.ops.reduction import split_by_dtype
+from ripples.torch.ownership import serving
 
 
 def _tensors_of(params: Union[Mapping, Iterable]) -> list:
@@ -39,12 +40,21 @@ def broadcast_optimizer_state(optimizer, root_rank: int) -> None:
 
 def average_model(model: torch.nn.Module) -> torch.nn.Module:
     """Replace parameters and floating buffers on every rank by their average over all ranks
-    (one fused all-reduce per dtype): every mode ends with one model to evaluate and save."""
+    (one fused all-reduce per dtype): every mode ends with one model to evaluate and save.
+
+    Collective. In decentralized modes (``sync="ripples"``, ``"adpsgd"``) each rank holds
+    its own replica between averagings: call this on every rank before evaluating or
+    saving the model the job trained (it also tells the optimizer that the replicas are
+    equal, which silences its warning on ``model.state_dict()``)."""
     tensors = [p.data for p in model.parameters()]
     tensors += [b for b in model.buffers() if b.dtype.is_floating_point]
     with torch.no_grad():
         for group in split_by_dtype([(t, t) for t in tensors]):
             grouped_allreduce_([t for t, _ in group], op=ReduceOp.AVERAGE)
+    for param in model.parameters():
+        replicas = getattr(serving(param), "replicas", None)
+        if replicas is not None:
+            replicas.averaged()
     return model
 
 

@@ -40,6 +40,14 @@ def _pop(param: torch.Tensor) -> Optional[_Entry]:
     return found[1] if found is not None and found[0]() is param else None
 
 
+def serving(param: torch.Tensor):
+    """The optimizer that serves ``param`` now, or None."""
+    found = _served_by.get(id(param))
+    if found is None or found[0]() is not param:
+        return None
+    return found[1].wrapper()
+
+
 def take_over(named: Sequence[Tuple[str, torch.Tensor]], rank: int) -> None:
     """Close what serves any of ``named``'s parameters now (collective: call it at the same
     point on every rank, before the new optimizer is built): ``close()`` of an optimizer

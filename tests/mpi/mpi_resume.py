@@ -8,8 +8,12 @@ stopping, then builds a fresh model and optimizer, loads its rank's file and tra
 remaining N - K steps. Every rank's data depends only on (rank, step), so both runs see
 the same batches. ``resume`` prints, per schedule and rank, ``<schedule> rank R`` and:
 
-* ``WRONG <error>``: what loading the file of rank R + 1 raised;
-* ``UNTOUCHED <0|1>``: whether the optimizer was left as built after that;
+* ``FOREIGN <error> STEPS s``: what loading the file of rank R + 1 raised (nothing: a rank
+  may resume from another rank's state, as when rank 0 alone saves) and the step count it
+  then has;
+* ``RANK0 STEPS s SYNCS y``: the counters after every rank loaded rank 0's file (model and
+  optimizer, Horovod's checkpoint pattern) and trained to N;
+* ``UNTOUCHED <0|1>``: whether an optimizer was left as built after a refused load;
 * ``SAME <0|1>``: whether the final parameters and buffers equal the uninterrupted run's
   bit for bit;
 * ``STEPS s SYNCS y``: the counters of the resumed optimizer at the end;
@@ -88,8 +92,18 @@ def resume(path, schedule):
 
     model = model_of(100 + R)  # a restarted script builds its model afresh
     opt = optimizer_of(model, schedule)
-    say(f"WRONG {error_of(opt, torch.load(path((R + 1) % P))['opt'])}")
-    say(f"UNTOUCHED {int(opt.state_dict()['ripples']['steps'] == 0 and not opt.state)}")
+    error = error_of(opt, torch.load(path((R + 1) % P))['opt'])
+    say(f"FOREIGN {error} STEPS {opt.state_dict()['ripples']['steps']}")
+    first = torch.load(path(0))
+    model.load_state_dict(first["model"])
+    opt.load_state_dict(first["opt"])
+    train(model, opt, K, N)
+    state = opt.state_dict()["ripples"]
+    say(f"RANK0 STEPS {state['steps']} SYNCS {state['syncs']}")
+    opt.close()
+
+    model = model_of(100 + R)
+    opt = optimizer_of(model, schedule)
     saved = torch.load(path(R))  # weights_only (the default): the state is plain data
     model.load_state_dict(saved["model"])
     opt.load_state_dict(saved["opt"])
@@ -112,6 +126,8 @@ def resume(path, schedule):
     for label, kind, group_size in probes:
         probe = optimizer_of(model_of(R), kind, group_size)
         say(f"{label} {error_of(probe, saved['opt'])}")
+        if label == "OTHER":
+            say(f"UNTOUCHED {int(probe.state_dict()['ripples']['steps'] == 0 and not probe.state)}")
         probe.close()
 
 

@@ -547,3 +547,39 @@ def test_rejected_arguments_raise_on_every_rank_naming_the_argument():
         with pytest.raises(error, match=match):
             hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), **kwargs)
     assert hvd.allgather_object(R) == list(range(N))  # every rank got here: nothing hung
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_saving_a_replica_that_may_differ_warns_once_until_averaged(mode):
+    """A Horovod script saves model.state_dict() on rank 0. In decentralized modes that is
+    one replica: the first such read after a step warns (naming average_model); none
+    after average_model; all-reduce keeps the replicas equal and never warns."""
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters(),
+                                   **({"model": model} if mode != "allreduce" else {}),
+                                   **MODES[mode])
+
+    def warnings_of_reading():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.state_dict()
+        return [str(w.message) for w in caught if "average_model" in str(w.message)]
+
+    assert warnings_of_reading() == []  # not stepped yet: the replicas are equal
+    x, y = batch(0, R)
+    opt.zero_grad()
+    loss_of(model, x, y).backward()
+    opt.step()
+    hvd.average_model(model)
+    assert warnings_of_reading() == []  # averaged: equal again
+    opt.zero_grad()
+    loss_of(model, x, y).backward()
+    opt.step()
+    expected = 1 if mode != "allreduce" and N > 1 else 0
+    found = warnings_of_reading()
+    assert len(found) == expected, found
+    if expected:
+        assert f"rank {R} reads the state_dict() of its own replica" in found[0]
+    assert warnings_of_reading() == []  # once
+    finish(opt)
