@@ -1,0 +1,76 @@
+"""An ordinary epoch-based Horovod training script (the shape most Horovod users write).
+
+    horovodrun -np 4 python examples/epochs_horovod.py
+
+It runs unchanged on ripples' all-reduce (``import ripples.torch as hvd``); its decentralized
+port is ``epochs_ripples.py``, which differs in the lines marked there with ``# ripples:``.
+Data: scikit-learn's bundled digits (no download); a fixed split into 1,400 training and
+397 validation samples.
+"""
+import argparse
+import os
+
+import torch
+import torch.nn.functional as F
+import torch.utils.data as tud
+from sklearn.datasets import load_digits
+
+import horovod.torch as hvd
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--epochs", type=int, default=5)
+parser.add_argument("--batch-size", type=int, default=16)
+parser.add_argument("--lr", type=float, default=0.05, help="per rank; scaled by the ranks")
+parser.add_argument("--checkpoint", default="checkpoint.pt")
+args = parser.parse_args()
+
+hvd.init()
+torch.manual_seed(0)
+torch.set_num_threads(1)
+
+digits = load_digits()
+x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+y = torch.tensor(digits.target)
+order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+train_set = tud.TensorDataset(x[order[:1400]], y[order[:1400]])
+val_x, val_y = x[order[1400:]], y[order[1400:]]
+
+train_sampler = tud.distributed.DistributedSampler(
+    train_set, num_replicas=hvd.size(), rank=hvd.rank())
+train_loader = tud.DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
+
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+
+start_epoch = 0
+if os.path.exists(args.checkpoint):  # resume: rank 0 saved it, every rank loads it
+    state = torch.load(args.checkpoint)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    start_epoch = state["epoch"] + 1
+
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    train_sampler.set_epoch(epoch)
+    steps = 0
+    for data, target in train_loader:
+        optimizer.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        optimizer.step()
+        steps += 1
+    scheduler.step()
+
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(val_x).argmax(1) == val_y).float().mean()
+    accuracy = hvd.allreduce(accuracy, name="val_accuracy")
+    if hvd.rank() == 0:
+        print(f"epoch {epoch} steps {steps} val_accuracy {accuracy.item():.4f}", flush=True)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "epoch": epoch}, args.checkpoint)

@@ -1,0 +1,35 @@
+"""The porting guide's two scripts run at 2 ranks as users run them: the Horovod script
+unchanged (``horovod.torch`` answered by ripples), its ripples port with a slow rank; both
+reach a real accuracy, save a checkpoint on rank 0 and resume from it."""
+import os
+import re
+import sys
+
+import pytest
+
+from mpi_launch import REPO_DIR, TESTS_DIR, run_mpi
+
+SHIMS = str(TESTS_DIR / "shims")
+
+
+def run_example(script, tmp_path, epochs, env=None):
+    env = dict(env or {})
+    env["PYTHONPATH"] = os.pathsep.join([SHIMS, str(REPO_DIR)])
+    result = run_mpi([sys.executable, str(REPO_DIR / "examples" / script), "--epochs",
+                      str(epochs), "--checkpoint", str(tmp_path / "checkpoint.pt")], 2,
+                     timeout=180, env=env)
+    return re.findall(r"^epoch (\d+) steps (\d+) val_accuracy (\S+)$", result.stdout, re.M)
+
+
+@pytest.mark.parametrize("script,env", [
+    ("epochs_horovod.py", {}),
+    ("epochs_ripples.py", {"RIPPLES_SLOWDOWN": "1:3", "RIPPLES_COMPUTE_MS": "2"}),
+])
+def test_epoch_script_trains_saves_and_resumes(script, env, tmp_path):
+    first = run_example(script, tmp_path, 3, env)
+    assert [int(e) for e, _, _ in first] == [0, 1, 2]
+    assert float(first[-1][2]) > 0.85, first  # 10 classes: chance is 0.1
+    assert (tmp_path / "checkpoint.pt").exists()
+    resumed = run_example(script, tmp_path, 4, env)
+    assert [int(e) for e, _, _ in resumed] == [3]  # started after the saved epoch
+    assert float(resumed[0][2]) > 0.85, resumed
