@@ -11,6 +11,7 @@ and saving, ``hvd.average_model`` makes every rank's replica the average.
 """
 import argparse
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,7 @@ hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                      sync=args.sync, model=model)  # ripples
 
+began = time.perf_counter()
 for epoch in range(start_epoch, args.epochs):
     model.train()
     train_sampler.set_epoch(epoch)
@@ -77,6 +79,7 @@ for epoch in range(start_epoch, args.epochs):
         accuracy = (model(val_x).argmax(1) == val_y).float().mean()
     accuracy = hvd.allreduce(accuracy, name="val_accuracy")
     if hvd.rank() == 0:
-        print(f"epoch {epoch} steps {steps} val_accuracy {accuracy.item():.4f}", flush=True)
+        print(f"epoch {epoch} steps {steps} val_accuracy {accuracy.item():.4f} "
+              f"time {time.perf_counter() - began:.2f}s", flush=True)
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "epoch": epoch}, args.checkpoint)

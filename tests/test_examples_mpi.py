@@ -18,7 +18,7 @@ def run_example(script, tmp_path, epochs, env=None):
     result = run_mpi([sys.executable, str(REPO_DIR / "examples" / script), "--epochs",
                       str(epochs), "--checkpoint", str(tmp_path / "checkpoint.pt")], 2,
                      timeout=180, env=env)
-    return re.findall(r"^epoch (\d+) steps (\d+) val_accuracy (\S+)$", result.stdout, re.M)
+    return re.findall(r"^epoch (\d+) steps (\d+) val_accuracy (\S+) time \S+s$", result.stdout, re.M)
 
 
 @pytest.mark.parametrize("script,env", [

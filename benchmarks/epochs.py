@@ -1,0 +1,181 @@
+"""Epoch-loop benchmark: the porting guide's scripts, run for the same epochs in every mode.
+
+    python benchmarks/epochs.py --np 4 --repeats 3 --json benchmarks/results/epochs_np4.json
+
+The script users write (``examples/epochs_horovod.py``: DistributedSampler, fixed epochs,
+StepLR, a per-epoch all-reduce of the validation accuracy, a rank-0 checkpoint; digits MLP,
+batch 16), as:
+
+- ``allreduce``: that script with only its import changed to ``ripples.torch`` (Horovod's
+  script on ripples' all-reduce);
+- ``ripples-dropin``: the same, also with ``sync="ripples"`` and ``hvd.DistributedSampler``
+  and nothing else (the three lines a user changes first);
+- ``ripples``: ``examples/epochs_ripples.py``, the port (also ``model=`` and
+  ``hvd.average_model`` before each evaluation);
+- ``adpsgd``: the port with ``--sync adpsgd`` (asynchronous AD-PSGD);
+- ``ddp``: ``benchmarks/epochs_ddp.py``, the script written for PyTorch DDP (gloo).
+
+Scenarios: ``homogeneous``; ``one-slow`` (the last rank 4x slower); ``random-slow`` (each
+step, each rank 5x slower with probability 0.1). Compute is EMULATED: every step is padded
+to ``--compute-ms`` by sleeping (ripples' ``RIPPLES_COMPUTE_MS``), so that ranks sharing
+few cores measure synchronization, not CPU contention. The time is rank 0's, from the start
+of the first epoch to the end of the last (after its metric all-reduce, so every rank is
+done); start-up is not counted. Repeats are interleaved (each repeat runs every mode once)
+so that the shared machine's drift hits every mode alike; the table gives medians and the
+ratio of each mode's median time to all-reduce's in the same scenario, next to the
+ceiling: the time ratio if every rank worked at its own speed with no waiting at all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ["allreduce", "ripples-dropin", "ripples", "adpsgd", "ddp"]
+SCENARIOS = {
+    "homogeneous": {},
+    "one-slow": {"RIPPLES_SLOWDOWN": "{last}:4"},
+    "random-slow": {"RIPPLES_RANDOM_SLOWDOWN": "0.1:5"},
+}
+EPOCH_LINE = re.compile(r"^epoch (\d+) steps \d+ val_accuracy (\S+) time (\S+)s$", re.M)
+
+
+def ceiling_ratio(scenario: str, size: int) -> float:
+    """Time of a fixed amount of work at every rank's own speed, over all-reduce's time for
+    it (which moves at the slowest rank's pace, step by step)."""
+    if scenario == "one-slow":  # speeds 1 (size - 1 ranks) and 1/4; all-reduce: size * 1/4
+        return (size / 4) / (size - 1 + 1 / 4)
+    if scenario == "random-slow":  # mean step 0.9 + 0.1 * 5; all-reduce waits for the max
+        p_any = 1 - 0.9 ** size
+        return (0.9 + 0.1 * 5) / (1 + 4 * p_any)
+    return 1.0
+
+
+def _replace_once(text: str, old: str, new: str) -> str:
+    if text.count(old) != 1:
+        raise RuntimeError(f"examples/epochs_horovod.py changed: {old!r} is not there once")
+    return text.replace(old, new)
+
+
+def write_scripts(directory: Path) -> dict:
+    """The command line (after ``python``) of every mode; variants written into
+    ``directory``."""
+    horovod = (ROOT / "examples" / "epochs_horovod.py").read_text()
+    allreduce = _replace_once(horovod, "import horovod.torch as hvd", "import ripples.torch as hvd")
+    dropin = _replace_once(allreduce, "tud.distributed.DistributedSampler(", "hvd.DistributedSampler(")
+    dropin = _replace_once(dropin, "named_parameters=model.named_parameters())",
+                           'named_parameters=model.named_parameters(), sync="ripples")')
+    (directory / "allreduce.py").write_text(allreduce)
+    (directory / "dropin.py").write_text(dropin)
+    port = str(ROOT / "examples" / "epochs_ripples.py")
+    return {"allreduce": [str(directory / "allreduce.py")],
+            "ripples-dropin": [str(directory / "dropin.py")],
+            "ripples": [port, "--sync", "ripples"], "adpsgd": [port, "--sync", "adpsgd"],
+            "ddp": [str(ROOT / "benchmarks" / "epochs_ddp.py")]}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_once(args, command, scenario: str, repeat: int, checkpoint: Path) -> dict:
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    settings = {k: v.format(last=args.np - 1) for k, v in SCENARIOS[scenario].items()}
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1", RIPPLES_COMPUTE_MS=str(args.compute_ms),
+               RIPPLES_SEED=str(repeat), RIPPLES_BENCH_PORT=str(free_port()), **settings)
+    checkpoint.unlink(missing_ok=True)
+    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.np),
+           "--oversubscribe", "--bind-to", "none", sys.executable, *command,
+           "--epochs", str(args.epochs), "--checkpoint", str(checkpoint)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    epochs = EPOCH_LINE.findall(done.stdout)
+    if done.returncode != 0 or len(epochs) != args.epochs:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}\n"
+                           f"{done.stderr[-3000:]}")
+    return {"wall_s": float(epochs[-1][2]), "accuracy": float(epochs[-1][1]),
+            "epoch_s": [float(t) for _, _, t in epochs]}
+
+
+def summarize(scenario: str, runs: dict, size: int) -> dict:
+    rows = {}
+    base = statistics.median(r["wall_s"] for r in runs["allreduce"])
+    base_accuracy = statistics.median(r["accuracy"] for r in runs["allreduce"])
+    for mode, mode_runs in runs.items():
+        wall = statistics.median(r["wall_s"] for r in mode_runs)
+        accuracy = statistics.median(r["accuracy"] for r in mode_runs)
+        rows[mode] = {"wall_s_median": wall, "time_vs_allreduce": wall / base,
+                      "accuracy_median": accuracy, "accuracy_vs_allreduce": accuracy - base_accuracy,
+                      "runs": mode_runs}
+    return {"ceiling_time_vs_allreduce": ceiling_ratio(scenario, size), "modes": rows}
+
+
+def table(scenario: str, summary: dict) -> str:
+    lines = [f"scenario {scenario}: ceiling {summary['ceiling_time_vs_allreduce']:.2f}x "
+             "all-reduce's time",
+             f"{'mode':<16} {'time(s)':>8} {'x allred':>8} {'accuracy':>8} {'vs allred':>9} "
+             f"{'runs (s)':>20}"]
+    for mode, row in summary["modes"].items():
+        walls = ", ".join(f"{r['wall_s']:.2f}" for r in row["runs"])
+        lines.append(f"{mode:<16} {row['wall_s_median']:>8.2f} {row['time_vs_allreduce']:>7.2f}x "
+                     f"{row['accuracy_median']:>8.4f} {row['accuracy_vs_allreduce']:>+9.4f} "
+                     f"{walls:>20}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--np", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--compute-ms", type=float, default=20.0, help="emulated compute per step")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, of {MODES}; allreduce always runs")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
+    parser.add_argument("--json", help="write all results here")
+    args = parser.parse_args(argv)
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    modes = [m for m in MODES if m in args.modes.split(",") or m == "allreduce"]
+    wrong = [s for s in scenarios if s not in SCENARIOS] + [
+        m for m in args.modes.split(",") if m and m not in MODES]
+    if wrong:
+        parser.error(f"unknown {wrong}; scenarios: {list(SCENARIOS)}, modes: {MODES}")
+    print(f"epoch-loop benchmark: {args.np} ranks on {os.cpu_count()} cores, {args.epochs} "
+          f"epochs, compute EMULATED ({args.compute_ms:g} ms/step), {args.repeats} interleaved "
+          f"repeats, {time.strftime('%Y-%m-%d')}", flush=True)
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
+              "cores": os.cpu_count(), "compute": "emulated", "args": vars(args),
+              "scenarios": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        commands = write_scripts(Path(scratch))
+        for scenario in scenarios:
+            runs = {mode: [] for mode in modes}
+            for repeat in range(args.repeats):
+                for mode in modes:
+                    runs[mode].append(run_once(args, commands[mode], scenario, repeat,
+                                               Path(scratch) / f"{mode}.pt"))
+            summary = summarize(scenario, runs, args.np)
+            report["scenarios"][scenario] = summary
+            print(table(scenario, summary), flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
