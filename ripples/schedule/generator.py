@@ -33,7 +33,9 @@ the script, evaluating, done with its share of the epoch) until its next request
 *overdue* once ``OVERDUE_INTERVALS`` of its own request intervals have passed since its last
 request without a new one (it is doing something the generator was not told of, such as
 evaluation or a checkpoint, or it is stuck). Neither kind is waited for, by a window or for
-company; an away worker is also left out of ``"all"`` divisions. A worker whose speed is
+company. ``"all"`` ignores presence: it divides every active worker, as its buffered
+groups must be executed in the same order everywhere (two generators side by side, a GAN's
+two optimizers, rely on it). A worker whose speed is
 not known yet (fewer than two requests) may come at any moment and is waited for, within
 the bounds above.
 
@@ -245,9 +247,11 @@ class GroupGenerator:
         """Record that ``worker`` left the training step (a collective of the script,
         evaluation, the end of its share of the epoch): nobody waits for it until its next
         request. Groups already in its buffer stay there (it executes them when it comes
-        back). Ignored for a worker that has left or has an outstanding request."""
+        back). Ignored under ``"all"``, and for a worker that has left or has an
+        outstanding request."""
         state = self._workers[self._check_worker(worker)]
-        if not state.active or state.away or state.waiting_since is not None:
+        if (self.policy == "all" or not state.active or state.away
+                or state.waiting_since is not None):
             return
         self._leave_others(worker)
         state.away = True
@@ -276,7 +280,7 @@ class GroupGenerator:
     def poll(self) -> Dict[int, List[Assignment]]:
         """Run the divisions that are due and return the answers to outstanding requests."""
         if self._ready and (self.policy == "all" or self._should_divide()):
-            members = self.present if self.policy == "all" else sorted(self._ready)
+            members = self.active if self.policy == "all" else sorted(self._ready)
             for _ in range(self.batch):
                 self._divide(members)
             for w in self._ready:
