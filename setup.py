@@ -2,7 +2,7 @@
 are compiled at first use on a GPU machine (NVRTC through cupy).
 
 The distribution is ``ripples-mpi`` (``ripples`` on PyPI is an unrelated project); the
-import name is ``ripples``. Keep NAME in ripples/distribution.py, which install hints use,
+import name is ``ripples``. Keep NAME in ripples/core/distribution.py, which install hints use,
 equal to it."""
 from setuptools import find_packages, setup
 
@@ -32,5 +32,6 @@ setup(
         "demo": DEMO,
         "test": ["pytest>=7", *DEMO],
     },
-    entry_points={"console_scripts": ["ripplesrun=ripples.run:main", "ripples=ripples.info:main"]},
+    entry_points={"console_scripts": ["ripplesrun=ripples.runner.launch:main",
+                                      "ripples=ripples.runner.info:main"]},
 )

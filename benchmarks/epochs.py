@@ -72,7 +72,8 @@ def write_scripts(directory: Path) -> dict:
     ``directory``."""
     horovod = (ROOT / "examples" / "epochs_horovod.py").read_text()
     allreduce = _replace_once(horovod, "import horovod.torch as hvd", "import ripples.torch as hvd")
-    dropin = _replace_once(allreduce, "tud.distributed.DistributedSampler(", "hvd.DistributedSampler(")
+    dropin = _replace_once(allreduce, "tud.distributed.DistributedSampler(",
+                           "hvd.DistributedSampler(")
     dropin = _replace_once(dropin, "named_parameters=model.named_parameters())",
                            'named_parameters=model.named_parameters(), sync="ripples")')
     (directory / "allreduce.py").write_text(allreduce)
@@ -117,7 +118,8 @@ def summarize(scenario: str, runs: dict, size: int) -> dict:
         wall = statistics.median(r["wall_s"] for r in mode_runs)
         accuracy = statistics.median(r["accuracy"] for r in mode_runs)
         rows[mode] = {"wall_s_median": wall, "time_vs_allreduce": wall / base,
-                      "accuracy_median": accuracy, "accuracy_vs_allreduce": accuracy - base_accuracy,
+                      "accuracy_median": accuracy,
+                      "accuracy_vs_allreduce": accuracy - base_accuracy,
                       "runs": mode_runs}
     return {"ceiling_time_vs_allreduce": ceiling_ratio(scenario, size), "modes": rows}
 

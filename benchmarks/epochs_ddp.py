@@ -4,7 +4,7 @@ variables, the rendezvous port in ``RIPPLES_BENCH_PORT``).
 
 The same data, model, sampler, schedule, per-epoch all-reduce of the validation accuracy and
 rank-0 checkpoint. Emulated compute and slowdowns follow ripples' rule
-(``ripples.heterogeneity.SlowdownInjector``, from the same ``RIPPLES_*`` settings), applied
+(``ripples.core.heterogeneity.SlowdownInjector``, from the same ``RIPPLES_*`` settings), applied
 after the forward pass and before ``backward()``, which holds DDP's all-reduce.
 """
 import argparse
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 import torch.utils.data as tud
 from sklearn.datasets import load_digits
 
-from ripples.config import Config
-from ripples.heterogeneity import SlowdownInjector
+from ripples.core.config import Config
+from ripples.core.heterogeneity import SlowdownInjector
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=5)

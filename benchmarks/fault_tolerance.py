@@ -82,7 +82,7 @@ def worker(args) -> None:
 
 
 def run_job(args, nprocs: int, kill: bool) -> dict:
-    command = [sys.executable, "-m", "ripples.run", "-np", str(nprocs),
+    command = [sys.executable, "-m", "ripples.runner.launch", "-np", str(nprocs),
                "--compute-ms", str(args.compute_ms)]
     if kill:
         command.append("--fault-tolerant")

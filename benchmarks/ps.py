@@ -294,7 +294,7 @@ def summarize_row(records, args, data):
 def scenarios_main(args):
     from mpi4py import MPI
 
-    from ripples.config import Config
+    from ripples.core.config import Config
     from ripples.startup import init
 
     context = init(config=Config(ps_servers=1, timeout_s=60)).ps
@@ -504,7 +504,7 @@ def optimizer_push_pull(args) -> float:
     import torch
     from mpi4py import MPI
 
-    from ripples.config import Config
+    from ripples.core.config import Config
     from ripples.ps import start
     from ripples.ps.optimizer import PSOptimizer
 
@@ -604,7 +604,7 @@ def server_stats(ps):
 def psld_main(args):
     from mpi4py import MPI
 
-    from ripples.config import Config
+    from ripples.core.config import Config
     from ripples.ps import start
 
     context = start(MPI.COMM_WORLD, Config.load(ps_servers=2, timeout_s=120))
@@ -679,7 +679,7 @@ def main():
         return
     from mpi4py import MPI
 
-    from ripples.config import Config
+    from ripples.core.config import Config
     from ripples.ps import start
 
     context = start(MPI.COMM_WORLD, Config(ps_servers=1, timeout_s=60))

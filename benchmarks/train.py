@@ -107,7 +107,7 @@ def train_ddp(data, args) -> dict:
 
     import ripples.torch as hvd
     from ripples.demo import accuracy, make_model
-    from ripples.heterogeneity import SlowdownInjector
+    from ripples.core.heterogeneity import SlowdownInjector
     from ripples.runtime import current
 
     if not dist.is_available():

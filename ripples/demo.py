@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 import ripples.torch as hvd
-from ripples.config import Config
-from ripples.progress import progress_bar
+from ripples.core.config import Config
+from ripples.observe.progress import progress_bar
 
 
 @dataclass

@@ -18,9 +18,9 @@ from mpi4py import MPI
 from ripples.comm import failures
 from ripples.comm.groups import CommunicatorCache, Group
 from ripples.comm.liveness import Liveness
-from ripples.config import Config
-from ripples.errors import NotInitializedError, RanksFailedError
-from ripples.timeline import NullTimeline, Timeline, make_timeline
+from ripples.core.config import Config
+from ripples.core.errors import NotInitializedError, RanksFailedError
+from ripples.observe.timeline import NullTimeline, Timeline, make_timeline
 
 log = logging.getLogger("ripples")
 

@@ -16,7 +16,7 @@ from ripples import runtime as _runtime
 from ripples.comm import failures
 from ripples.comm.groups import CommunicatorCache
 from ripples.comm.nccl_watchdog import NcclWatchdog
-from ripples.config import Config
+from ripples.core.config import Config
 from ripples.ops.collectives import allgather_as_joined, broadcast_as_joined
 from ripples.ops.engine import Engine
 from ripples.ops.fusion import FusionBuffers

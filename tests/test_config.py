@@ -3,7 +3,7 @@ import warnings
 
 import pytest
 
-from ripples.config import Config
+from ripples.core.config import Config
 
 
 def test_defaults():
@@ -98,8 +98,8 @@ def test_unknown_variable_warned_by_world_rank_0_only(rank_variable):
 
 def test_unknown_variable_warned_once_per_process():
     """However many times the configuration is loaded (a script, then init())."""
-    import ripples.config
-    ripples.config.__dict__.pop("__warningregistry__", None)
+    import ripples.core.config
+    ripples.core.config.__dict__.pop("__warningregistry__", None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         Config.load(environ={"RIPPLES_TIMOUT_S": "5"})

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from mpi_launch import TESTS_DIR, mpi_env
-from ripples import elastic_restart
-from ripples.run import parse_args, run_elastic
+from ripples.runner import elastic_restart
+from ripples.runner.launch import parse_args, run_elastic
 
 SCRIPT = str(TESTS_DIR / "mpi" / "elastic_growth.py")
 STEPS = 15
@@ -19,7 +19,8 @@ def launch(tmp_path, *flags, dead_rank=2, die_at=7):
     work = tmp_path / "work"
     work.mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "ripples.run", "-np", "3", "--elastic-dir", str(tmp_path / "dir"),
+        [sys.executable, "-m", "ripples.runner.launch", "-np", "3",
+         "--elastic-dir", str(tmp_path / "dir"),
          "--timeout", "20", *flags, sys.executable, SCRIPT, str(work), str(dead_rank),
          str(die_at), str(STEPS)],
         capture_output=True, text=True, timeout=240, env=mpi_env(), cwd=str(tmp_path))

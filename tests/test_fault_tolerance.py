@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from mpi_launch import TESTS_DIR, run_mpi
 from ripples.comm import failures
-from ripples.errors import RanksFailedError
+from ripples.core.errors import RanksFailedError
 from ripples.runtime import _caused_by_process_failure
 
 SCRIPT = str(TESTS_DIR / "mpi" / "ft_training.py")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ripples.ops import gpu, reduction
-from ripples.reduce_ops import ReduceOp
+from ripples.core.reduce_ops import ReduceOp
 
 
 @pytest.mark.parametrize("op,expected", [(ReduceOp.SUM, "max"), (ReduceOp.PRODUCT, "min"),
@@ -55,7 +55,7 @@ def test_an_nccl_operation_past_its_deadline_aborts_the_communicator_and_names_t
     (the logic itself: tests/test_nccl_watchdog.py)."""
     from ripples.comm.nccl import NcclCommunicator
     from ripples.comm.nccl_watchdog import NcclWatchdog
-    from ripples.errors import RipplesTimeoutError
+    from ripples.core.errors import RipplesTimeoutError
 
     class Event:
         def __init__(self):

@@ -3,8 +3,8 @@ import time
 
 import pytest
 
-from ripples.config import Config
-from ripples.heterogeneity import SlowdownInjector, parse_random_slowdown, parse_slowdown
+from ripples.core.config import Config
+from ripples.core.heterogeneity import SlowdownInjector, parse_random_slowdown, parse_slowdown
 
 
 class FakeTime:

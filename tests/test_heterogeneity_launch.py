@@ -9,10 +9,10 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     from mpi4py import MPI
-    from ripples.config import Config
-    from ripples.heterogeneity import SlowdownInjector
-    from ripples.metrics import RankMetrics
-    from ripples.timeline import make_timeline
+    from ripples.core.config import Config
+    from ripples.core.heterogeneity import SlowdownInjector
+    from ripples.observe.metrics import RankMetrics
+    from ripples.observe.timeline import make_timeline
 
     config = Config.load()
     comm = MPI.COMM_WORLD
@@ -35,7 +35,7 @@ def test_slowdown_timeline_and_metrics_through_ripplesrun(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     result = subprocess.run(
-        [sys.executable, "-m", "ripples.run", "-np", "2", "--slowdown", "1:3",
+        [sys.executable, "-m", "ripples.runner.launch", "-np", "2", "--slowdown", "1:3",
          "--compute-ms", "40", "--timeline", str(tmp_path / "trace.json"),
          "--metrics", str(tmp_path / "metrics.json"), "--timeout", "20",
          sys.executable, str(script)],

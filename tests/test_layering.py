@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ripples"
-UPPER = ("ripples.ops", "ripples.ps", "ripples.torch", "ripples.startup")
+UPPER = ("ripples.ops", "ripples.ps", "ripples.torch", "ripples.startup", "ripples.runner",
+         "ripples.sim", "ripples.schedule")
 
 
 def imported_modules(path: Path):
@@ -40,3 +41,18 @@ def test_simulator_imports_only_the_schedules_of_ripples(path):
                if m.startswith(("ripples.ops", "ripples.comm", "ripples.torch", "ripples.ps",
                                 "ripples.runtime", "mpi4py", "torch"))]
     assert not foreign, f"{path.name} imports {foreign}"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "core").glob("*.py")),
+                         ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_core_imports_nothing_of_ripples_but_core(path):
+    foreign = [m for m in imported_modules(path)
+               if m.startswith("ripples") and not m.startswith("ripples.core")]
+    assert not foreign, f"{path.name} imports {foreign}"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "observe").glob("*.py")),
+                         ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_observability_sits_below_the_collectives(path):
+    upward = [m for m in imported_modules(path) if m.startswith(UPPER + ("ripples.runtime",))]
+    assert not upward, f"{path.name} imports {upward}"

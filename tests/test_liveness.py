@@ -49,7 +49,7 @@ def test_a_rank_that_gave_up_is_hung_only_to_waits_that_began_before(monkeypatch
     from mpi4py import MPI
 
     from ripples.comm import liveness as module
-    from ripples.errors import RipplesTimeoutError
+    from ripples.core.errors import RipplesTimeoutError
 
     rank = module.Liveness(MPI.COMM_SELF.Dup(), T, T, enabled=False)
     clock = [1000.0]

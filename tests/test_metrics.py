@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from ripples.metrics import RankMetrics, record_samples
+from ripples.observe.metrics import RankMetrics, record_samples
 
 
 class Clock:
@@ -129,7 +129,7 @@ def test_record_samples_without_metrics_does_nothing():
 
 def test_samples_reach_the_metrics_file_of_a_training_job(tmp_path):
     code = """
-import torch, ripples.torch as hvd, ripples.metrics
+import torch, ripples.torch as hvd, ripples.observe.metrics
 hvd.init()
 model = torch.nn.Linear(4, 1)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -139,11 +139,12 @@ for step in range(3):
     opt.zero_grad()
     model(x).sum().backward()
     opt.step()
-    ripples.metrics.record_samples(len(x))
+    ripples.observe.metrics.record_samples(len(x))
 hvd.shutdown()
 """
     result = subprocess.run(
-        [sys.executable, "-m", "ripples.run", "-np", "2", "--metrics", str(tmp_path / "m.json"),
+        [sys.executable, "-m", "ripples.runner.launch", "-np", "2",
+         "--metrics", str(tmp_path / "m.json"),
          "--timeout", "30", sys.executable, "-c", code], capture_output=True, text=True,
         timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert result.returncode == 0, result.stdout + result.stderr

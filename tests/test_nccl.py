@@ -105,7 +105,7 @@ def test_argument_errors(world_of_one):
     with pytest.raises(ValueError, match="root"):
         world_of_one.broadcast(x, root=1)
     world_of_one.close()
-    from ripples.errors import RipplesError
+    from ripples.core.errors import RipplesError
     with pytest.raises(RipplesError, match="closed"):
         world_of_one.allreduce(x, x)
 

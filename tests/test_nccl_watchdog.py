@@ -4,7 +4,7 @@ import threading
 import pytest
 
 from ripples.comm.nccl_watchdog import NcclWatchdog
-from ripples.errors import RipplesTimeoutError
+from ripples.core.errors import RipplesTimeoutError
 
 
 class Event:

@@ -2,7 +2,7 @@
 import ast
 from pathlib import Path
 
-from ripples import distribution
+from ripples.core import distribution
 
 SETUP = Path(__file__).resolve().parent.parent / "setup.py"
 
@@ -42,4 +42,4 @@ def test_demo_dependencies_are_an_extra_that_the_test_extra_includes():
     assert set(args["extras_require"]["demo"]) == demo
     assert demo | {"pytest>=7"} <= set(args["extras_require"]["test"])
     assert sorted(args["entry_points"]["console_scripts"]) == [
-        "ripples=ripples.info:main", "ripplesrun=ripples.run:main"]
+        "ripples=ripples.runner.info:main", "ripplesrun=ripples.runner.launch:main"]

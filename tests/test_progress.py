@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ripples.progress import PlainProgress, progress_bar
+from ripples.observe.progress import PlainProgress, progress_bar
 
 
 def lines(stream):

@@ -1,7 +1,7 @@
 """``ripplesrun --ps-spare``: validation and the variable it sets (no processes)."""
 import pytest
 
-from ripples.run import _ripples_settings, parse_args
+from ripples.runner.launch import _ripples_settings, parse_args
 
 
 def test_ps_spare_sets_its_variable():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mpi_launch import run_mpi, run_pytest_under_mpi
-from ripples.config import Config
+from ripples.core.config import Config
 from ripples.ops.half_allreduce import chunks
 from ripples.ops.ring_allreduce import ring_allreduce_, ring_schedule
 

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import ripples
-from ripples.run import (build_command, hostfile_slots, oversubscription_warning, parse_args,
-                         parse_env_spec, parse_hosts)
+from ripples.runner.launch import (build_command, hostfile_slots, oversubscription_warning,
+                                   parse_args, parse_env_spec, parse_hosts)
 
 
 def build(argv, cpu_count=2, is_root=False, environ=None):
@@ -63,7 +63,7 @@ def test_fault_tolerant_runs_under_ulfm_over_tcp_and_tells_the_ranks():
 
 
 def test_passed_settings_are_valid_config_values():
-    from ripples.config import Config
+    from ripples.core.config import Config
     argv, _ = build(["-np", "4", "--slowdown", "3:2", "--compute-ms", "12.5", "--timeout", "7",
                      "--seed", "3", "--verbose", "python", "t.py"])
     environ = dict(item.split("=", 1) for item in x_values(argv))
@@ -199,7 +199,7 @@ def test_timeline_filename_is_timeline():
 
 
 def test_log_level_reaches_the_ranks_as_a_valid_setting():
-    from ripples.config import Config
+    from ripples.core.config import Config
     argv, _ = build(["-np", "2", "--log-level", "DEBUG", "python", "t.py"])
     assert x_values(argv) == ["RIPPLES_LOG_LEVEL=debug"]
     assert Config.load(dict(item.split("=", 1) for item in x_values(argv))).log_level == "debug"
@@ -229,8 +229,8 @@ def test_usage_errors_come_with_a_hint(argv, hint, capsys):
 
 def run_launcher(args, timeout=60, env=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "ripples.run", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run([sys.executable, "-m", "ripples.runner.launch", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_bad_flag_launches_nothing(tmp_path):
@@ -242,7 +242,7 @@ def test_bad_flag_launches_nothing(tmp_path):
 
 
 def test_launch_passes_settings_and_succeeds():
-    code = ("from mpi4py import MPI; from ripples.config import Config; c = Config.load(); "
+    code = ("from mpi4py import MPI; from ripples.core.config import Config; c = Config.load(); "
             "assert MPI.COMM_WORLD.size == 2; "
             "assert (c.slowdown, c.seed) == ('1:3', 5), c; "
             "print('rank', MPI.COMM_WORLD.rank, 'ok')")
@@ -280,7 +280,7 @@ def test_launch_x_of_an_unset_variable_launches_nothing():
 
 
 def test_launch_mistyped_setting_warned_once_per_job_and_log_level_arrives():
-    code = ("from mpi4py import MPI; from ripples.config import Config; "
+    code = ("from mpi4py import MPI; from ripples.core.config import Config; "
             "print('rank', MPI.COMM_WORLD.rank, Config.load().log_level)")
     result = run_launcher(["-np", "2", "-x", "RIPPLES_TIMOUT_S=5", "--log-level", "info",
                            sys.executable, "-c", code])

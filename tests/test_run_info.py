@@ -3,11 +3,11 @@ import os
 import subprocess
 import sys
 
-from ripples.info import _origin, _wheel_files, format_info
-from ripples.run import find_mpiexec
+from ripples.runner.info import _origin, _wheel_files, format_info
+from ripples.runner.launch import find_mpiexec
 
 
-def run_info(*args, module="ripples.info"):
+def run_info(*args, module="ripples.runner.info"):
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                           text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from ripples.config import Config
-from ripples.run import build_command, parse_args
-from ripples.timeline import (NullTimeline, Timeline, make_timeline, merge_timelines,
+from ripples.core.config import Config
+from ripples.runner.launch import build_command, parse_args
+from ripples.observe.timeline import (NullTimeline, Timeline, make_timeline, merge_timelines,
                               per_rank_path, rank_files)
 
 

@@ -40,7 +40,7 @@ from mpi4py import MPI
 
 from ripples.comm import control_tree
 from ripples.comm.mpi import Deadline, poll_until, wait_all
-from ripples.errors import MismatchError, RipplesError, RipplesTimeoutError
+from ripples.core.errors import MismatchError, RipplesError, RipplesTimeoutError
 
 _TAG_RECORD = 11
 _TAG_REPLY = 12

@@ -42,7 +42,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 from mpi4py import MPI
 
 from ripples.comm.mpi import Deadline, poll_until
-from ripples.errors import RipplesTimeoutError
+from ripples.core.errors import RipplesTimeoutError
 
 FANOUT = 16
 FIELDS = 16

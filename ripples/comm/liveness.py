@@ -36,7 +36,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from mpi4py import MPI
 
-from ripples.errors import RipplesTimeoutError
+from ripples.core.errors import RipplesTimeoutError
 
 log = logging.getLogger("ripples")
 

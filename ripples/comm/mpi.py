@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ripples.errors import RipplesTimeoutError
-from ripples.reduce_ops import ReduceOp
+from ripples.core.errors import RipplesTimeoutError
+from ripples.core.reduce_ops import ReduceOp
 
 log = logging.getLogger("ripples")
 

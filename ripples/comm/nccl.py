@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 import torch
 
-from ripples.errors import RipplesError
+from ripples.core.errors import RipplesError
 
 OPS = ("sum", "min", "max", "prod", "avg")
 

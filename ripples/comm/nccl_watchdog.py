@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
-from ..errors import RipplesTimeoutError
+from ..core.errors import RipplesTimeoutError
 
 
 @dataclasses.dataclass

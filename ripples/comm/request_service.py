@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from ripples.comm.doorbell import Doorbell
 from ripples.comm.failures import is_process_failure
-from ripples.errors import RipplesError
+from ripples.core.errors import RipplesError
 
 log = logging.getLogger("ripples")
 

@@ -40,10 +40,10 @@ from mpi4py import MPI
 from ripples import kernels
 from ripples.comm import step_record
 from ripples.comm.mpi import Deadline, as_buffer, mpi_op, poll_until
-from ripples.errors import MismatchError, RipplesTimeoutError
+from ripples.core.errors import MismatchError, RipplesTimeoutError
 from ripples.ops.fusion import host_buffer
 from ripples.ops.half_allreduce import HALF_DTYPES, allreduce_16bit_
-from ripples.reduce_ops import ReduceOp
+from ripples.core.reduce_ops import ReduceOp
 
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
 _TAG_ABSENT = 77

@@ -24,7 +24,7 @@ from ripples.comm.mpi import as_buffer, mpi_op, reduction_dtype
 from ripples.ops.engine import Request
 from ripples.ops.handles import Handle
 from ripples.ops.process_sets import ProcessSet, global_process_set
-from ripples.reduce_ops import ReduceOp, check_op
+from ripples.core.reduce_ops import ReduceOp, check_op
 from ripples.ops.reduction import allreduce_texts, signature
 
 

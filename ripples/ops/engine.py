@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from ripples.comm.control import Decision, Record, missing_description, negotiate
 from ripples.comm.mpi import Deadline
-from ripples.errors import RipplesError, RipplesTimeoutError
+from ripples.core.errors import RipplesError, RipplesTimeoutError
 from ripples.ops.handles import Handle
 from ripples.ops.ring_allreduce import PeerRing
 

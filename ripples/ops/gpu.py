@@ -11,7 +11,7 @@ import torch
 from mpi4py import MPI
 
 from ripples import kernels
-from ripples.reduce_ops import ReduceOp
+from ripples.core.reduce_ops import ReduceOp
 
 _NCCL_OPS = {ReduceOp.SUM: "sum", ReduceOp.AVERAGE: "sum", ReduceOp.MIN: "min",
              ReduceOp.MAX: "max", ReduceOp.PRODUCT: "prod"}

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ripples import runtime as _runtime
-from ripples.errors import RanksFailedError
+from ripples.core.errors import RanksFailedError
 
 
 def join(device: int = -1) -> int:

@@ -14,7 +14,7 @@ from ripples import runtime as _runtime
 from ripples.comm.groups import normalize_group
 from ripples.ops.collectives import _allreduce_async, _check_tensor, _check_tensors, run_here
 from ripples.ops.handles import Handle
-from ripples.reduce_ops import ReduceOp, check_op
+from ripples.core.reduce_ops import ReduceOp, check_op
 
 WHAT = "partial_allreduce"
 

@@ -19,7 +19,7 @@ from ripples.comm.mpi import as_buffer, mpi_op, reduction_dtype
 from ripples.ops.gpu import gpu_path, reduce_on_gpu
 from ripples.ops.half_allreduce import HALF_DTYPES, allreduce_16bit_
 from ripples.ops.ring_allreduce import PeerRing
-from ripples.reduce_ops import ReduceOp
+from ripples.core.reduce_ops import ReduceOp
 
 Pair = Tuple[torch.Tensor, torch.Tensor]  # (input, output); the same tensor for in-place
 

@@ -41,9 +41,9 @@ from typing import List
 import torch
 
 from .. import runtime
-from ..errors import RipplesError
+from ..core.errors import RipplesError
 from ..ops.partial import grouped_partial_allreduce_
-from ..reduce_ops import ReduceOp
+from ..core.reduce_ops import ReduceOp
 from . import casp
 
 

@@ -53,7 +53,7 @@ from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from ..errors import RipplesError
+from ..core.errors import RipplesError
 
 # Tasks a worker may hold claimed ahead of the one it computes, at most: bounds what a slow
 # link takes out of reach of transfers.

@@ -8,8 +8,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..errors import MismatchError, RipplesError
-from ..optim_wrapper import OptimizerWrapper
+from ..core.errors import MismatchError, RipplesError
+from ..core.optim_wrapper import OptimizerWrapper
 from . import placement as placement_mod
 from . import policies
 from . import psld as psld_mod

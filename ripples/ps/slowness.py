@@ -1,4 +1,4 @@
-"""Slowness injection for parameter servers, as ``ripples.heterogeneity`` does for workers.
+"""Slowness injection for parameter servers, as ``ripples.core.heterogeneity`` does for workers.
 
 ``RIPPLES_SERVER_SLOWDOWN="INDEX:FACTOR[,INDEX:FACTOR]"`` makes server ``INDEX`` (0-based
 among the server ranks, spares included) ``FACTOR`` times slower. Once it is set, every
@@ -16,7 +16,7 @@ import dataclasses
 import time
 from typing import Mapping, Optional
 
-from ..heterogeneity import parse_slowdown
+from ..core.heterogeneity import parse_slowdown
 
 SLOWDOWN_ENV = "RIPPLES_SERVER_SLOWDOWN"
 COST_ENV = "RIPPLES_SERVER_COST"

@@ -25,7 +25,7 @@ import torch
 from mpi4py import MPI
 
 from ..comm.mpi import Deadline, wait_all
-from ..errors import RipplesError, RipplesTimeoutError
+from ..core.errors import RipplesError, RipplesTimeoutError
 
 REQUEST = 7301
 REPLY = 7302

@@ -48,7 +48,7 @@ import threading
 import time
 from typing import List, Optional
 
-from ..errors import RipplesError, RipplesTimeoutError
+from ..core.errors import RipplesError, RipplesTimeoutError
 from .base import Assignment, Schedule, check_group_size
 from ..comm.doorbell import Doorbell
 from .generator import GroupGenerator

@@ -12,8 +12,8 @@ from mpi4py import MPI
 
 from ripples import runtime as _runtime
 from ripples import startup as _startup
-from ripples.config import Config
-from ripples.errors import (MismatchError, NotInitializedError, RanksFailedError, RipplesError,
+from ripples.core.config import Config
+from ripples.core.errors import (MismatchError, NotInitializedError, RanksFailedError, RipplesError,
                             RipplesTimeoutError)
 from ripples.ops.collectives import (allgather_async, alltoall_async, broadcast_async,
                                      broadcast_async_, grouped_allgather_async,
@@ -30,7 +30,7 @@ from ripples.ops.partial import (grouped_partial_allreduce_, grouped_partial_all
                                  partial_allreduce_async_)
 from ripples.ops.process_sets import (ProcessSet, add_process_set, global_process_set,
                                       process_set_by_id, process_sets, remove_process_set)
-from ripples.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ripples.core.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ripples.torch.compression import Compression
 from ripples.torch.functions import (average_model, broadcast_optimizer_state,
                                      broadcast_parameters, consensus_distance)

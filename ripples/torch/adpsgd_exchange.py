@@ -33,7 +33,7 @@ import torch
 from mpi4py import MPI
 
 from ripples.comm.mpi import Deadline, as_buffer, wait_all
-from ripples.errors import MismatchError, RipplesError, RipplesTimeoutError
+from ripples.core.errors import MismatchError, RipplesError, RipplesTimeoutError
 
 TAG_HEADER, TAG_DATA, TAG_STATUS, TAG_AVERAGE = 0x4144, 0x4145, 0x4146, 0x4147
 EXCHANGE, DONE = 1, 2

@@ -47,7 +47,7 @@ from typing import List
 import torch
 from mpi4py import MPI
 
-from ripples.errors import RanksFailedError
+from ripples.core.errors import RanksFailedError
 from ripples.schedule.adpsgd import adpsgd_partner, adpsgd_roles, is_active
 from ripples.torch.adpsgd_exchange import Responder, exchange, finish
 from ripples.torch.decentralized_optimizer import Snapshot, current_layout, floating_buffers

@@ -34,7 +34,7 @@ from ripples.ops.bucket_reducer import SUPPORTED_OPS
 from ripples.ops.collectives import (allgather_object, allreduce_async_,
                                      grouped_allreduce_async_, sparse_allreduce_async,
                                      synchronize)
-from ripples.reduce_ops import ReduceOp
+from ripples.core.reduce_ops import ReduceOp
 from ripples.torch.compression import Compression
 from ripples.torch.gradient_buckets import GradientBuckets, bucketable
 from ripples.torch.optimizer_base import GradientsPendingError, WrappedOptimizer

@@ -13,7 +13,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from mpi4py import MPI
 
-from ripples.errors import RanksFailedError
+from ripples.core.errors import RanksFailedError
 from ripples.ops.partial import grouped_partial_allreduce_
 from ripples.schedule import Schedule, make_schedule
 from ripples.schedule.resume import check_resume

@@ -42,11 +42,11 @@ from typing import Any, Callable, Iterable, List, Optional
 
 import torch
 
-from ripples import elastic_restart
+from ripples.runner import elastic_restart
 from ripples import runtime as _runtime
-from ripples.errors import RanksFailedError, RipplesError
+from ripples.core.errors import RanksFailedError, RipplesError
 from ripples.ops.collectives import allgather_object, broadcast_object
-from ripples.optim_wrapper import OptimizerWrapper
+from ripples.core.optim_wrapper import OptimizerWrapper
 from ripples.torch.functions import broadcast_optimizer_state, broadcast_parameters
 
 HorovodInternalError = RanksFailedError

@@ -6,7 +6,7 @@ from typing import Iterable, Mapping, Union
 import torch
 
 from ripples.ops.collectives import broadcast_, broadcast_object, grouped_allreduce_
-from ripples.reduce_ops import ReduceOp
+from ripples.core.reduce_ops import ReduceOp
 from ripples.ops.reduction import split_by_dtype
 from ripples.torch.ownership import serving
 

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ripples.ops.bucket_reducer import SUPPORTED_DTYPES, BucketReducer
-from ripples.reduce_ops import ReduceOp
+from ripples.core.reduce_ops import ReduceOp
 
 Named = List[Tuple[str, torch.Tensor]]
 

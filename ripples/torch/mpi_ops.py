@@ -21,7 +21,7 @@ from ripples import runtime as _runtime
 from ripples.ops import collectives as _ops
 from ripples.ops import partial as _partial
 from ripples.ops.process_sets import global_process_set
-from ripples.reduce_ops import ReduceOp, check_op
+from ripples.core.reduce_ops import ReduceOp, check_op
 
 _LINEAR = (ReduceOp.AVERAGE, ReduceOp.SUM)
 

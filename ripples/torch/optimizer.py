@@ -23,7 +23,7 @@ import torch
 from ripples import runtime as _runtime
 from ripples.ops.collectives import allgather_object
 from ripples.ops.process_sets import ProcessSet, global_process_set
-from ripples.reduce_ops import ReduceOp, check_op
+from ripples.core.reduce_ops import ReduceOp, check_op
 from ripples.schedule import Schedule
 from ripples.torch.adpsgd_optimizer import AdpsgdOptimizer
 from ripples.torch.allreduce_optimizer import AllreduceOptimizer, fusion_units

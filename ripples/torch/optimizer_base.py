@@ -7,9 +7,9 @@ import contextlib
 import time
 
 from ripples import runtime as _runtime
-from ripples.heterogeneity import SlowdownInjector
-from ripples.metrics import RankMetrics
-from ripples.optim_wrapper import OptimizerWrapper
+from ripples.core.heterogeneity import SlowdownInjector
+from ripples.observe.metrics import RankMetrics
+from ripples.core.optim_wrapper import OptimizerWrapper
 
 
 class GradientsPendingError(AssertionError):

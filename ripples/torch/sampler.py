@@ -26,7 +26,7 @@ import torch.utils.data.distributed as torch_distributed
 from ripples import runtime as _runtime
 from ripples.comm.failures import revoke
 from ripples.comm.request_service import RequestService
-from ripples.errors import RanksFailedError
+from ripples.core.errors import RanksFailedError
 from ripples.ops.collectives import allgather_object
 from ripples.schedule.shared_epoch import (Chunk, ChunkSizer, EpochPool, chunk_cap,
                                            pool_length)

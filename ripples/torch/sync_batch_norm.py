@@ -23,7 +23,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ripples import runtime as _runtime
 from ripples.ops import collectives as _ops
 from ripples.ops.process_sets import ProcessSet, global_process_set
-from ripples.reduce_ops import ReduceOp
+from ripples.core.reduce_ops import ReduceOp
 
 
 def _rank() -> str:

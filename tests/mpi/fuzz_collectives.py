@@ -40,7 +40,7 @@ import time
 import torch
 
 import ripples.torch as hvd
-from ripples.errors import MismatchError, RipplesTimeoutError
+from ripples.core.errors import MismatchError, RipplesTimeoutError
 from ripples.runtime import current
 
 hvd.init()

@@ -8,7 +8,7 @@ import torch
 from mpi4py import MPI
 
 import ripples.torch as hvd
-from ripples.errors import RipplesTimeoutError
+from ripples.core.errors import RipplesTimeoutError
 from ripples.runtime import current
 
 hvd.init()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ripples.torch as hvd
-from ripples.errors import MismatchError
+from ripples.core.errors import MismatchError
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ripples.torch as hvd
-from ripples.errors import RipplesTimeoutError
+from ripples.core.errors import RipplesTimeoutError
 from ripples.runtime import current
 
 hvd.init()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ripples.torch as hvd
-from ripples.errors import MismatchError
+from ripples.core.errors import MismatchError
 from ripples.runtime import current
 
 hvd.init(cache_capacity=3)

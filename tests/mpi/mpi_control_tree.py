@@ -10,7 +10,7 @@ import torch
 
 import ripples.torch as hvd
 from ripples.comm import control_tree
-from ripples.errors import MismatchError, RipplesTimeoutError
+from ripples.core.errors import MismatchError, RipplesTimeoutError
 from ripples.runtime import current
 
 control_tree.FANOUT = 2  # every rank sets it before any collective

@@ -11,7 +11,7 @@ from mpi4py import MPI
 import ripples.torch as hvd
 from ripples.ops.half_allreduce import allreduce_16bit_, chunks
 from ripples.ops.reduction import allreduce_wire, reduce_pairs
-from ripples.reduce_ops import ReduceOp
+from ripples.core.reduce_ops import ReduceOp
 from ripples.runtime import current
 
 hvd.init()

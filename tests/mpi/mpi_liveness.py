@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ripples.torch as hvd
-from ripples.errors import RipplesError
+from ripples.core.errors import RipplesError
 from ripples.runtime import current
 
 BUSY_TIMEOUTS = 3  # how many timeouts the busy rank keeps the others waiting

@@ -9,7 +9,7 @@ import torch
 from mpi4py import MPI
 
 from mpi_ps_common import begin, check, run, small_model
-from ripples.errors import MismatchError
+from ripples.core.errors import MismatchError
 from ripples.ps.optimizer import PSOptimizer
 
 

@@ -17,8 +17,8 @@ import time
 import torch
 
 from mpi_ps_common import check, run, small_model
-from ripples.config import Config
-from ripples.errors import RipplesTimeoutError
+from ripples.core.config import Config
+from ripples.core.errors import RipplesTimeoutError
 from ripples.ps.optimizer import PSOptimizer
 from ripples.startup import init
 

@@ -7,7 +7,7 @@ import traceback
 import torch
 from mpi4py import MPI
 
-from ripples.config import Config
+from ripples.core.config import Config
 from ripples.ps import start
 
 

@@ -11,7 +11,7 @@ import torch
 from mpi4py import MPI
 
 from mpi_ps_common import ExplodingSGD, begin, check, run
-from ripples.errors import RipplesError, RipplesTimeoutError
+from ripples.core.errors import RipplesError, RipplesTimeoutError
 from ripples.ps.context import make_context
 from ripples.ps.optimizer import PSOptimizer
 

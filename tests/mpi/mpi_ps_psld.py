@@ -16,7 +16,7 @@ import torch
 from mpi4py import MPI
 
 from mpi_ps_common import begin, check, run
-from ripples.errors import RipplesError
+from ripples.core.errors import RipplesError
 from ripples.ps import psld
 from ripples.ps.optimizer import PSOptimizer
 from ripples.ps.transport import PROTOCOL, REQUEST

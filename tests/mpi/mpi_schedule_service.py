@@ -70,7 +70,7 @@ def test_generator_service_hands_out_consistent_groups(policy, kind):
 
 
 def test_request_without_company_times_out_then_closes_cleanly():
-    from ripples.errors import RipplesTimeoutError
+    from ripples.core.errors import RipplesTimeoutError
     from ripples.schedule.service import GeneratorSchedule
 
     comm = WORLD.Dup()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ripples.torch as hvd
-from ripples.errors import NotInitializedError, RipplesTimeoutError
+from ripples.core.errors import NotInitializedError, RipplesTimeoutError
 from ripples.runtime import current
 
 
@@ -46,7 +46,7 @@ def test_missing_rank_in_a_world_allreduce_times_out_on_all_others():
 
 def test_a_different_collective_is_named_not_hung():
     """Rank 1 runs a barrier while rank 0 runs a P-Reduce with it: both learn it at once."""
-    from ripples.errors import MismatchError
+    from ripples.core.errors import MismatchError
     if hvd.rank() == 0:
         with pytest.raises(MismatchError, match="barrier"):
             hvd.partial_allreduce(torch.ones(4), [0, 1])

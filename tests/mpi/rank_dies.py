@@ -10,7 +10,7 @@ import time
 import torch
 
 import ripples.torch as hvd
-from ripples.errors import RipplesTimeoutError
+from ripples.core.errors import RipplesTimeoutError
 
 sync, schedule = sys.argv[1], (sys.argv[2] if sys.argv[2] != "-" else None)
 hvd.init()

@@ -7,11 +7,11 @@ Steps and communication wait are counted by the ``DistributedOptimizer``; sample
 since only the training script knows its batch size. A script reports them once per batch,
 so that ``"samples"`` and ``"samples_per_s"`` in the ``--metrics`` JSON mean something::
 
-    import ripples.metrics
+    import ripples.observe.metrics
     for x, y in loader:
         ...
         opt.step()
-        ripples.metrics.record_samples(len(x))   # or: opt.metrics.add_samples(len(x))
+        ripples.observe.metrics.record_samples(len(x))   # or: opt.metrics.add_samples(len(x))
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import weakref
 from collections import Counter
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from ripples.timeline import per_rank_path
+from ripples.observe.timeline import per_rank_path
 
 __all__ = ["RankMetrics", "record_samples"]
 
@@ -138,7 +138,7 @@ def record_samples(n: int) -> None:
     ``RIPPLES_METRICS_PATH`` at shutdown. Call it once per batch::
 
         opt.step()
-        ripples.metrics.record_samples(len(batch))
+        ripples.observe.metrics.record_samples(len(batch))
 
     Does nothing while no optimizer (no ``RankMetrics``) exists, so a script can call it
     whether or not it trains through ripples. ValueError unless ``n`` is an integer >= 0.

@@ -19,7 +19,7 @@ resume from that commit; at most ``--max-restarts`` times.
 
 The launcher builds one ``mpiexec`` line, prints it to stderr, runs it, and returns its exit
 status (a rank that exits non-zero makes the job exit non-zero). ripples settings travel to
-every rank explicitly as ``-x RIPPLES_<NAME>=value`` (the fields of ``ripples.config.Config``),
+every rank explicitly as ``-x RIPPLES_<NAME>=value`` (the fields of ``ripples.core.config.Config``),
 so they reach remote hosts too. As root it sets ``OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1``; when
 more ranks than slots (cores, ``-H`` slots or hostfile slots) are asked for it adds
 ``--oversubscribe --bind-to none``, and warns first when the slots were given (``-H``,
@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ripples
-from ripples import distribution, elastic_restart
+from ripples.runner import elastic_restart
+from ripples.core import distribution
 from ripples.comm import failures
-from ripples.config import LOG_LEVELS
-from ripples.heterogeneity import parse_random_slowdown, parse_slowdown
+from ripples.core.config import LOG_LEVELS
+from ripples.core.heterogeneity import parse_random_slowdown, parse_slowdown
 
 __all__ = ["main", "parse_args", "build_command", "oversubscription_warning", "find_mpiexec",
            "parse_hosts", "hostfile_slots", "parse_env_spec"]

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Set
 
 import ripples
-from ripples import distribution
-from ripples.run import find_mpiexec
+from ripples.core import distribution
+from ripples.runner.launch import find_mpiexec
 
 __all__ = ["collect_info", "format_info", "main"]
 

@@ -221,7 +221,7 @@ class Timeline:
         if missing:
             log.warning("timeline: ranks %s did not send their events within %g s; instead "
                         "of %s each rank writes its own file (%s, ...; join them with "
-                        "ripples.timeline.merge_timelines)", missing, timeout_s, self.path,
+                        "ripples.observe.timeline.merge_timelines)", missing, timeout_s, self.path,
                         self.rank_path)
         else:
             try:
@@ -247,7 +247,7 @@ class Timeline:
 def _receive(comm, sources, tag: int, generation: int, deadline) -> Dict[int, Any]:
     """Payloads of ``(generation, payload)`` messages from ``sources`` until all arrived or
     the deadline passed; messages of other generations are dropped."""
-    from ripples.errors import RipplesTimeoutError
+    from ripples.core.errors import RipplesTimeoutError
 
     received: Dict[int, Any] = {}
     pause = 0.0
