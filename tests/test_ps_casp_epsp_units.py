@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from ripples.ps import casp, epsp
+from ripples.ps import casp, casp_scoring, epsp
 from ripples.ps import policies as po
 from ripples.ps import tasks as tk
 
@@ -36,7 +36,7 @@ def test_choose_runs_one_program_for_every_count_with_the_same_plans():
     rng = random.Random(3)
     for _ in range(100):
         times = [rng.choice([1.0, 1.5, 2.0, 3.0]) for _ in range(rng.randint(1, 11))]
-        together = casp._cuts(times, 1, len(times))
+        together = casp_scoring._cuts(times, 1, len(times))
         assert together == {c: casp.sort_and_cut(times, c) for c in range(1, len(times) + 1)}
 
 

@@ -16,7 +16,7 @@ The model, and why it is this simple:
 - *Asynchrony*: communities do not wait for each other; community ``k`` pushes ``1 / T_k``
   updates per second, and ``T_k * sum_{j != k} 1 / T_j`` other updates land during one of
   its rounds (its expected staleness).
-- *Reward*: ``casp.projected_score`` on those round times, i.e. progress per second with
+- *Reward*: ``casp_scoring.projected_score`` on those round times, i.e. progress per second with
   the staleness discount minus the traffic penalty, the very quantity sort-and-cut's
   ``choose()`` maximizes; with zero push, pull and server costs the two coincide, so a
   learned choice and ``choose()`` are compared on the same scale.
@@ -28,14 +28,14 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-from . import casp
+from .casp_scoring import Communities, DEFAULT_TRAFFIC_PENALTY, projected_score, sort_and_cut
 
 DEFAULT_PUSH_S = 0.05
 DEFAULT_PULL_S = 0.05
 DEFAULT_SERVER_S = 0.02
 
 
-def round_times(times: Sequence[float], communities: casp.Communities,
+def round_times(times: Sequence[float], communities: Communities,
                 push_s: float = DEFAULT_PUSH_S, pull_s: float = DEFAULT_PULL_S,
                 server_s: float = DEFAULT_SERVER_S) -> List[float]:
     """Seconds per round of each community, server contention included."""
@@ -50,14 +50,14 @@ def staleness(rounds: Sequence[float]) -> List[float]:
     return [r * (rate - 1 / r) for r in rounds]
 
 
-def mean_staleness(times: Sequence[float], communities: casp.Communities, **costs) -> float:
+def mean_staleness(times: Sequence[float], communities: Communities, **costs) -> float:
     """Staleness of an update averaged over workers (a community weighs by its size)."""
     values = staleness(round_times(times, communities, **costs))
     return sum(len(c) * s for c, s in zip(communities, values)) / len(times)
 
 
-def reward(times: Sequence[float], communities: casp.Communities,
-           traffic_penalty: float = casp.DEFAULT_TRAFFIC_PENALTY, **costs) -> float:
+def reward(times: Sequence[float], communities: Communities,
+           traffic_penalty: float = DEFAULT_TRAFFIC_PENALTY, **costs) -> float:
     """Progress per second minus the traffic penalty of ``communities`` (higher is better).
 
     ``costs``: ``push_s``, ``pull_s``, ``server_s`` of ``round_times``."""
@@ -67,10 +67,10 @@ def reward(times: Sequence[float], communities: casp.Communities,
     for members, r in zip(communities, rounds):
         for w in members:
             effective[w] = r
-    return casp.projected_score(effective, communities, traffic_penalty)
+    return projected_score(effective, communities, traffic_penalty)
 
 
 def count_reward(times: Sequence[float], count: int,
-                 traffic_penalty: float = casp.DEFAULT_TRAFFIC_PENALTY, **costs) -> float:
+                 traffic_penalty: float = DEFAULT_TRAFFIC_PENALTY, **costs) -> float:
     """Reward of the action ``count``: sort-and-cut into that many communities."""
-    return reward(times, casp.sort_and_cut(times, count), traffic_penalty, **costs)
+    return reward(times, sort_and_cut(times, count), traffic_penalty, **costs)

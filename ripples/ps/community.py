@@ -44,7 +44,7 @@ from .. import runtime
 from ..core.errors import RipplesError
 from ..ops.partial import grouped_partial_allreduce_
 from ..core.reduce_ops import ReduceOp
-from . import casp
+from . import casp_scoring as casp
 
 
 class CommunityStep:

@@ -7,7 +7,7 @@ chooses the number of communities ``C``; sort-and-cut then forms them.
   or [-1, 1].
 - *Action*: ``C`` in ``1..n`` (the actor's logits for larger counts are masked).
 - *Reward*: ``casp_timing.reward`` of the sort-and-cut plan, i.e. progress per second minus
-  the traffic penalty, the same objective as ``casp.choose()`` (which sees compute times
+  the traffic penalty, the same objective as ``casp_scoring.choose()`` (which sees compute times
   only, where this model adds push, pull and server costs), with times in multiples of
   the fastest worker's time.
 - *Model* (``ActorCritic``): the critic is a two-layer MLP on the state vector; the actor
@@ -37,7 +37,7 @@ Choices where the published description is silent, and why:
   loss, so a real run feeds 0; training draws it at random so that the policy does not
   depend on it.
 - *More than* ``MAX_WORKERS`` *workers*: the model has no input for them, so the choice
-  falls back to ``casp.choose()``.
+  falls back to ``casp_scoring.choose()``.
 """
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from . import casp, casp_timing
+from . import casp_scoring, casp_timing
+from .casp_scoring import DEFAULT_TRAFFIC_PENALTY, Communities, sort_and_cut
 
 MAX_WORKERS = 16
 FEATURES = MAX_WORKERS + 4
@@ -99,7 +100,7 @@ def candidates(times: Sequence[float]) -> torch.Tensor:
     n = len(times)
     rows = torch.zeros(MAX_WORKERS, 5)
     for count in range(1, n + 1):
-        plan = casp.sort_and_cut(times, count)
+        plan = sort_and_cut(times, count)
         rounds = casp_timing.round_times(times, plan)
         wait = sum((r - times[w]) / r for c, r in zip(plan, rounds) for w in c) / n
         batches = sum(len(c) / r for c, r in zip(plan, rounds))
@@ -110,7 +111,7 @@ def candidates(times: Sequence[float]) -> torch.Tensor:
 
 
 def gain(times: Sequence[float], count: int,
-         traffic_penalty: float = casp.DEFAULT_TRAFFIC_PENALTY) -> float:
+         traffic_penalty: float = DEFAULT_TRAFFIC_PENALTY) -> float:
     """The reward of ``count`` as a gain over one community (BSP), the scale the model is
     trained on. Dividing by a quantity of the state alone keeps the best ``C`` of each
     state and puts clusters of 2..16 workers on one scale."""
@@ -169,19 +170,19 @@ class LearnedPolicy:
     newly measured times."""
 
     def __init__(self, model: Optional[ActorCritic] = None, online: bool = True,
-                 traffic_penalty: float = casp.DEFAULT_TRAFFIC_PENALTY, lr: float = ONLINE_LR):
+                 traffic_penalty: float = DEFAULT_TRAFFIC_PENALTY, lr: float = ONLINE_LR):
         self.model = model if model is not None else load()
         self.online = online
         self.traffic_penalty = traffic_penalty
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr) if online else None
         self.last: Optional[Tuple[torch.Tensor, torch.Tensor, int]] = None
 
-    def choose(self, times: Sequence[float], plan: casp.Communities,
-               loss_slope: float = 0.0) -> casp.Communities:
+    def choose(self, times: Sequence[float], plan: Communities,
+               loss_slope: float = 0.0) -> Communities:
         """Sort-and-cut of ``times`` into the ``C`` the model picks, given the current
         ``plan``."""
         if len(times) > MAX_WORKERS:
-            return casp.choose(times, self.traffic_penalty)
+            return casp_scoring.choose(times, self.traffic_penalty)
         times = relative(times)
         if self.online and self.last is not None:
             self._learn(times)
@@ -189,7 +190,7 @@ class LearnedPolicy:
         cand = candidates(times)
         count = greedy_count(self.model, x, cand)
         self.last = (x, cand, count)
-        return casp.sort_and_cut(times, count)
+        return sort_and_cut(times, count)
 
     def _learn(self, times: Sequence[float]) -> None:
         x, cand, count = self.last
