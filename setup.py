@@ -31,6 +31,8 @@ setup(
         # The demo's data (scikit-learn's bundled digits) and plots.
         "demo": DEMO,
         "test": ["pytest>=7", *DEMO],
+        # The documentation site (mkdocs.yml, docs/): mkdocs build --strict.
+        "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.26"],
     },
     entry_points={"console_scripts": ["ripplesrun=ripples.runner.launch:main",
                                       "ripples=ripples.runner.info:main"]},

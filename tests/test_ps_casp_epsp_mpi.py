@@ -37,8 +37,8 @@ def test_casp_and_epsp_arguments_through_the_frontend():
         assert f"worker {worker} ok" in result.stdout
 
 
-def test_readme_epsp_example_runs_as_documented(tmp_path):
-    readme = (TESTS_DIR.parent / "README.md").read_text()
+def test_documented_epsp_example_runs_as_documented(tmp_path):
+    readme = (TESTS_DIR.parent / "docs" / "parameter-server.md").read_text()
     block = readme.split("<!-- epsp-example -->")[1].split("<!-- /epsp-example -->")[0]
     code = block.split("```python\n")[1].split("```")[0]
     path = tmp_path / "train_epsp.py"
