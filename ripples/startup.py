@@ -13,7 +13,7 @@ from typing import Optional
 from mpi4py import MPI
 
 from ripples import runtime as _runtime
-from ripples.comm import failures
+from ripples.comm import fail_fast, failures
 from ripples.comm.groups import CommunicatorCache
 from ripples.comm.nccl_watchdog import NcclWatchdog
 from ripples.core.config import Config
@@ -44,6 +44,9 @@ def init(comm: Optional[MPI.Comm] = None, config: Optional[Config] = None,
         check_fault_tolerance(config)
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    if config.abort_on_exception:
+        fail_fast.install(MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(),
+                          config.fault_tolerant)
     base = MPI.COMM_WORLD if comm is None else comm
     ps_context = None
     if config.ps_servers:

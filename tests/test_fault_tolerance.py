@@ -23,10 +23,11 @@ long_run = pytest.mark.skipif(not os.environ.get("RIPPLES_LONG_TESTS"),
                               reason="RIPPLES_LONG_TESTS=1: a long run")
 
 
-def train_through_a_death(nprocs, mode, schedule, dead_rank, die_at, timeout=240):
+def train_through_a_death(nprocs, mode, schedule, dead_rank, die_at, timeout=240,
+                          env=()):
     result = run_mpi([sys.executable, SCRIPT, mode, schedule, str(dead_rank), str(die_at),
                       str(STEPS)], nprocs, timeout=timeout, check=False,
-                     env={"RIPPLES_FAULT_TOLERANT": "1"},
+                     env={"RIPPLES_FAULT_TOLERANT": "1", **dict(env)},
                      mpiexec_args=list(failures.MPIEXEC_ARGS))
     survivors = [dict(re.findall(r"(\w+)=(\S+)", line))
                  for line in result.stdout.splitlines() if line.startswith("SURVIVOR")]
@@ -63,6 +64,16 @@ def test_decentralized_survivors_finish_whichever_rank_dies(schedule, dead_rank)
     result, survivors = train_through_a_death(4, "decentralized", schedule, dead_rank, 10)
     check_survivors(result, survivors, 4, dead_rank, "3")
     assert "Traceback" not in result.stdout, result.stdout  # no survivor failed, at exit either
+
+
+def test_a_rank_raising_leaves_as_a_dead_rank_and_the_survivors_finish():
+    # Fault tolerant, an uncaught exception ends its rank alone (no MPI_Abort).
+    result, survivors = train_through_a_death(4, "decentralized", "generator", 2, 10,
+                                              env={"FT_TRAINING_RAISE": "1"})
+    check_survivors(result, survivors, 4, 2, "3")
+    assert result.stdout.count("RuntimeError: an error in the training script on rank 2") == 1
+    assert "rank 2 raised an uncaught RuntimeError and leaves the job as a dead rank" in \
+        result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("dead_rank", [1, 2])  # a passive rank, an active rank

@@ -24,6 +24,7 @@ HOROVOD_NAMES = {
     "HOROVOD_FUSION_THRESHOLD": "fusion_threshold_bytes",
     "HOROVOD_CYCLE_TIME": "cycle_time_ms",
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "stall_warning_s",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "stall_shutdown_s",
 }
 
 GROUP_ALLREDUCE = ("auto", "communicator", "ring")
@@ -44,6 +45,16 @@ class Config:
         they are, and goes on (with stall warnings) while they are alive and busy outside
         ripples, or waiting on a busy peer; it fails only on a dead peer or on peers waiting
         on each other (``ripples.comm.liveness``). False: fail at ``timeout_s`` regardless.
+    stall_shutdown_s: a peer outside ripples whose main thread has not moved (the same
+        Python stack, e.g. blocked in a barrier ripples' peers never reach) for this long is
+        stuck, not slow: the wait on it fails, naming the rank and where it is. A peer whose
+        stack moves (a computing loop) is never failed. 0: busy peers are waited for
+        however long they stay still.
+    abort_on_exception: an exception that escapes the script on one rank ends the whole job
+        at once (its traceback printed, then ``MPI_Abort``), so the other ranks do not
+        wait for it; under ``fault_tolerant`` the rank leaves as a dead rank and the
+        survivors go on. False: the rank exits normally and the others wait for it until
+        their ``timeout_s`` (the behaviour of a plain mpi4py script).
     fault_tolerant: survive dead ranks (decentralized and elastic modes): a process
         failure revokes ripples' communicators, the survivors shrink the world and go on
         (``ripples.comm.failures``, ``ripples.torch.elastic``). Needs Open MPI's ULFM
@@ -95,6 +106,8 @@ class Config:
     timeout_s: float = 60.0
     stall_warning_s: float = 10.0
     wait_for_busy_peers: bool = True
+    stall_shutdown_s: float = 300.0
+    abort_on_exception: bool = True
     fault_tolerant: bool = False
     group_allreduce: str = "auto"
     cache_capacity: int = 64
@@ -122,6 +135,8 @@ class Config:
         _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
         _require(self.stall_warning_s > 0, "stall_warning_s", self.stall_warning_s,
                  "a positive number of seconds")
+        _require(self.stall_shutdown_s >= 0, "stall_shutdown_s", self.stall_shutdown_s,
+                 "a number of seconds >= 0 (0 never fails a busy peer)")
         _require(self.group_allreduce in GROUP_ALLREDUCE, "group_allreduce",
                  self.group_allreduce, " or ".join(repr(v) for v in GROUP_ALLREDUCE))
         _require(isinstance(self.log_level, str) and self.log_level.lower() in LOG_LEVELS,

@@ -6,7 +6,8 @@ MODE ``decentralized``: ``DistributedOptimizer(sync="ripples", schedule=SCHEDULE
 survivors keep their models and go on. MODE ``elastic``: all-reduce training inside
 ``hvd.elastic.run`` with a ``TorchState`` committed every 5 steps; the survivors roll back
 to the last commit. MODE ``sampler``: one epoch through an ``ElasticSampler`` inside
-``hvd.elastic.run``; the survivors share the samples not processed at the last commit. Rank DEAD_RANK calls ``os._exit(1)`` at step DIE_AT_STEP.
+``hvd.elastic.run``; the survivors share the samples not processed at the last commit. Rank DEAD_RANK calls ``os._exit(1)`` at step DIE_AT_STEP
+(or, with FT_TRAINING_RAISE=1, raises an uncaught RuntimeError there).
 
 Each survivor prints ``SURVIVOR rank=R old_rank=O size=S resets=N steps=K loss0=.. loss=..
 checksum=..`` after ``join()``.
@@ -50,6 +51,8 @@ def loss_of(m):
 def maybe_die(step):
     if old_rank == dead_rank and step == die_at:
         sys.stdout.flush()
+        if os.environ.get("FT_TRAINING_RAISE") == "1":  # an uncaught error ends the rank
+            raise RuntimeError(f"an error in the training script on rank {old_rank}")
         os._exit(1)
 
 

@@ -1,0 +1,61 @@
+"""Fail fast: an exception that escapes the script on one rank ends the job at once.
+
+Without it, the failing rank's interpreter exits through ``MPI_Finalize``, which waits for
+the other ranks, while they wait in their next collective for the failing one: the job ends
+only when each survivor's timeout has passed, each printing a traceback of its own. With
+it (``Config.abort_on_exception``, on by default), as ``python -m mpi4py`` does, the
+failing rank prints its traceback once and calls ``MPI_Abort``: the launcher stops every
+rank within moments and the job's exit status is non-zero.
+
+Under ``Config.fault_tolerant`` the failing rank must not take the job down: it leaves the
+way a dead rank does (its traceback printed, then ``os._exit`` without finalizing) and the
+survivors recover without it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from mpi4py import MPI
+
+EXIT_STATUS = 1
+_installed = {"hook": None}
+_lock = threading.Lock()
+
+
+def install(rank: int, size: int, fault_tolerant: bool) -> None:
+    """Make an uncaught exception on this rank end the job (idempotent).
+
+    Chains to the ``sys.excepthook`` in place, which prints the traceback first. A
+    one-rank job keeps Python's own exit: nobody waits for it.
+    """
+    with _lock:
+        if _installed["hook"] is not None or size <= 1:
+            return
+        previous = sys.excepthook
+
+        def end_job_on_uncaught(kind, value, traceback):
+            previous(kind, value, traceback)
+            leave(rank, kind, fault_tolerant)
+
+        sys.excepthook = end_job_on_uncaught
+        _installed["hook"] = end_job_on_uncaught
+
+
+def leave(rank: int, kind: type, fault_tolerant: bool) -> None:
+    """End this process after an uncaught ``kind``: abort the job, or, fault tolerant, die
+    alone so that the survivors recover."""
+    action = ("leaves the job as a dead rank (fault tolerant: the others go on)"
+              if fault_tolerant else "aborts the job (MPI_Abort) so that no rank waits for it")
+    print(f"ripples: rank {rank} raised an uncaught {kind.__name__} and {action}; "
+          "RIPPLES_ABORT_ON_EXCEPTION=0 lets it exit normally instead", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if fault_tolerant:
+        os._exit(EXIT_STATUS)
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.COMM_WORLD.Abort(EXIT_STATUS)
