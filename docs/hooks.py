@@ -8,7 +8,10 @@ content with a marker on a line of its own:
 - ``<!-- generated: bench FILE.json -->``: the table of ``benchmarks/results/FILE.json`` with
   its command, date and machine;
 - ``<!-- generated: bench-rest -->``: every result file that no marker of the page named;
-- ``<!-- generated: ripplesrun-help -->``: ``ripplesrun --help``, as the installed code prints it.
+- ``<!-- generated: ripplesrun-help -->``: ``ripplesrun --help``, as the installed code prints it;
+- ``<!-- generated: ps-api -->``: mkdocstrings directives for every name in ``ripples.ps.__all__``,
+  found where the package's lazy imports (``_HOMES``) say it lives, so the page follows
+  the package when its modules move.
 
 The functions below are plain (no mkdocs import), so tests call them directly.
 """
@@ -26,7 +29,7 @@ from typing import Dict, Iterable, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-MARKER = re.compile(r"^<!-- generated: (config|bench-rest|ripplesrun-help|bench (\S+\.json)) -->$",
+MARKER = re.compile(r"^<!-- generated: (config|bench-rest|ripplesrun-help|ps-api|bench (\S+\.json)) -->$",
                     re.M)
 
 # Commands for result files that do not record their own (taken from where each was
@@ -146,6 +149,18 @@ def ripplesrun_help() -> str:
     if result.returncode != 0:
         raise RuntimeError(f"ripplesrun --help failed ({result.returncode}): {result.stderr}")
     return "```text\n" + result.stdout.rstrip() + "\n```"
+
+
+def ps_api() -> str:
+    """One ``:::`` directive per public name of ``ripples.ps`` (lazily imported there, so
+    static analysis cannot follow the package's own names)."""
+    import ripples.ps as ps
+    blocks = []
+    for name in ps.__all__:
+        home = ps._HOMES[name]
+        module = "ripples.ps" + home if home.startswith(".") else home
+        blocks.append(f"::: {module}.{name}")
+    return "\n\n".join(blocks)
 
 
 # ----------------------------------------------------------------------------- benchmarks
@@ -287,6 +302,8 @@ def expand(markdown: str) -> str:
     def replace(match) -> str:
         if match.group(1) == "config":
             return config_table()
+        if match.group(1) == "ps-api":
+            return ps_api()
         if match.group(1) == "ripplesrun-help":
             return ripplesrun_help()
         if match.group(1) == "bench-rest":

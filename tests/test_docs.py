@@ -91,3 +91,7 @@ def test_site_builds_strict(tmp_path):
         assert f"{ENV_PREFIX}{field.name.upper()}" in config_page, field.name
     api = (tmp_path / "api" / "optimizer" / "index.html").read_text()
     assert "DistributedOptimizer" in api and "sync" in api
+    import ripples.ps
+    ps_page = (tmp_path / "api" / "ps" / "index.html").read_text()
+    for name in ripples.ps.__all__:
+        assert f'.{name}"' in ps_page, f"ripples.ps.{name} missing from the API page"
