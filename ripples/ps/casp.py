@@ -27,9 +27,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .casp_scoring import (DEFAULT_TRAFFIC_PENALTY, EMA_ALPHA, LEARNED,  # noqa: F401
-                           Communities, choose, contiguous, ema, from_labels, labels, normalize,
-                           projected_score, sort_and_cut)
+from .casp_scoring import (DEFAULT_TRAFFIC_PENALTY, EMA_ALPHA, LEARNED, Communities, choose,
+                           contiguous, ema, from_labels, labels, normalize, projected_score,
+                           sort_and_cut)
+
+__all__ = ["Communities", "Controller", "DEFAULT_TRAFFIC_PENALTY", "EMA_ALPHA", "LEARNED",
+           "choose", "contiguous", "ema", "from_labels", "labels", "normalize", "observe",
+           "projected_score", "regroup", "sort_and_cut"]
 
 
 @dataclasses.dataclass

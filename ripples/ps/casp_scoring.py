@@ -92,7 +92,8 @@ def _cuts(times: Sequence[float], low: int, high: int) -> Dict[int, Communities]
                     continue
                 cost, squares, cuts = best[k - 1][i]
                 total = cost + idle(i, j)
-                options.append((round(total / scale, 9), squares + (j - i) ** 2, cuts + (j,), total))
+                options.append((round(total / scale, 9), squares + (j - i) ** 2, cuts + (j,),
+                                total))
             choice = min(options)
             row[j] = (choice[3], choice[1], choice[2])
         best.append(row)
