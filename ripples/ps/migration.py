@@ -53,16 +53,16 @@ def switch_due(session) -> None:
 def switch(session, order: dict) -> None:
     me = session.server.index
     owners = tuple(order["owners"])
-    for cid in sorted(session.chunks):
+    for cid in sorted(session.store.chunks):
         if owners[cid] != me:
             hand_over(session, cid, owners[cid], order["version"])
     session.incoming = {cid for cid, owner in enumerate(owners)
-                        if owner == me and cid not in session.chunks}
+                        if owner == me and cid not in session.store.chunks}
     session.map_version, session.owners = order["version"], owners
     session.active_servers = tuple(order["active"])
     if me not in session.active_servers:
         session.rounds.applied = max(session.rounds.applied, order["effective"])
-    session.rebuild_optimizer()
+    session.store.rebuild_optimizer()
     replay(session)
 
 
@@ -88,11 +88,12 @@ def waits(session, message: dict) -> bool:
 
 def hand_over(session, cid: int, dest: int, version: int) -> None:
     """Send chunk ``cid`` with its optimizer state and update count to server ``dest``."""
-    tensor = session.chunks.pop(cid)
-    state = session.optimizer.state.pop(tensor, {}) if session.optimizer is not None else {}
+    store = session.store
+    tensor = store.chunks.pop(cid)
+    state = store.optimizer.state.pop(tensor, {}) if store.optimizer is not None else {}
     header = {"kind": "adopt", "v": PROTOCOL, "sid": session.sid, "server": session.server.index,
               "map": version, "cid": cid, "numel": tensor.numel(), "dtype": tensor.dtype,
-              "group": session.group_of.pop(cid), "version": session.versions.pop(cid),
+              "group": store.group_of.pop(cid), "version": store.versions.pop(cid),
               "state": state_to_wire(state, tensor.shape, 0, tensor.numel())}
     payload = pack(session.server.pool, [tensor])
     session.server.outbox.send(dest, header, REQUEST, payload,
@@ -108,18 +109,19 @@ def on_adopt(session, message: dict) -> None:
         raise ValueError(f"server {message['server']} handed over chunk {message['cid']}, "
                          f"which server {session.server.index} does not expect")
     install(session, message)
-    session.rebuild_optimizer()
+    session.store.rebuild_optimizer()
     replay(session)
 
 
 def install(session, message: dict) -> None:
     cid = message["cid"]
+    store = session.store
     payload = message.pop("_payload", None)
-    session.chunks[cid] = unpack(payload, [(message["numel"], message["dtype"])])[0].clone()
+    store.chunks[cid] = unpack(payload, [(message["numel"], message["dtype"])])[0].clone()
     if payload is not None:
         session.server.pool.give(payload)
-    session.versions[cid] = message["version"]
-    session.group_of[cid] = message["group"]
-    session.adopted_state[cid] = message["state"]
+    store.versions[cid] = message["version"]
+    store.group_of[cid] = message["group"]
+    store.adopted_state[cid] = message["state"]
     session.incoming.discard(cid)
     session.stats["chunks_in"] += 1
