@@ -7,7 +7,7 @@ import torch
 
 from ripples.ps import placement as pl
 from ripples.ps import policies as po
-from ripples.ps.optimizer import _assemble
+from ripples.ps.checkpoint import _assemble
 from ripples.ps.transport import state_from_wire, state_to_wire
 
 PARAMS = [pl.ParamInfo("embed", 3_000_000, 4), pl.ParamInfo("w1", 1000, 4),

@@ -18,10 +18,12 @@ from . import psld
 
 
 class Balancer:
-    """PSLD for one ``PSOptimizer`` (``opt``); ``config`` is a ``psld.PSLDConfig``."""
+    """PSLD for one ``PSOptimizer``: ``link`` is its ``worker_link.ServerLink``, ``mover``
+    its ``chunk_moves.ChunkMover``; ``config`` is a ``psld.PSLDConfig``."""
 
-    def __init__(self, opt, config: psld.PSLDConfig):
-        self.opt = opt
+    def __init__(self, link, mover, config: psld.PSLDConfig):
+        self.link = link
+        self.mover = mover
         self.state = psld.new_state(config)
         self.push_began: Optional[float] = None
         self.last_times: Dict[int, float] = {}
@@ -47,28 +49,28 @@ class Balancer:
 
     def boundary(self) -> None:
         """End of a step: worker 0 feeds the scheduler and announces its decision."""
-        opt = self.opt
+        link = self.link
         now = time.monotonic()
         previous, self.last_boundary = self.last_boundary, now
-        if opt.worker != 0 or previous is None:
+        if link.worker != 0 or previous is None:
             return
-        if opt.map.version != opt.announced_version:
+        if link.map.version != self.mover.announced_version:
             return  # the announced map is not in use yet
         if self.skip:  # the profiles of the first iterations under a new map are older
             self.skip -= 1
             return
-        times = self.median_times(opt.last_profiles)
+        times = self.median_times(link.last_profiles)
         if not times:
             return
-        self.stats["times_log"].append((opt.clock, now - previous, times))
-        sizes = [c.nbytes for c in opt.map.chunks]
-        decision = psld.observe(self.state, now - previous, times, sizes, opt.map.owners,
-                                opt.map.members, opt.map.num_servers)
-        if decision is not None and tuple(decision.owners) != tuple(opt.map.owners):
+        self.stats["times_log"].append((link.clock, now - previous, times))
+        sizes = [c.nbytes for c in link.map.chunks]
+        decision = psld.observe(self.state, now - previous, times, sizes, link.map.owners,
+                                link.map.members, link.map.num_servers)
+        if decision is not None and tuple(decision.owners) != tuple(link.map.owners):
             self.announce(decision, sizes)
 
     def median_times(self, profiles: Dict[int, Dict[int, float]]) -> Dict[int, float]:
-        members = self.opt.map.members
+        members = self.link.map.members
         out = {}
         for server in members:
             seen = [p[server] for p in profiles.values() if server in p]
@@ -77,13 +79,13 @@ class Balancer:
         return out if len(out) == len(members) else {}
 
     def announce(self, decision: psld.Decision, sizes) -> None:
-        opt = self.opt
-        moved = [cid for cid, (a, b) in enumerate(zip(opt.map.owners, decision.owners)) if a != b]
-        version = opt.move_chunks(decision.owners, decision.active)
+        owners = self.link.map.owners
+        moved = [cid for cid, (a, b) in enumerate(zip(owners, decision.owners)) if a != b]
+        version = self.mover.move(decision.owners, decision.active)
         self.stats["migrations"] += 1
         self.stats["chunks_moved"] += len(moved)
         self.stats["bytes_moved"] += sum(sizes[cid] for cid in moved)
-        self.stats["decisions"].append({"clock": opt.clock, "kind": decision.kind,
+        self.stats["decisions"].append({"clock": self.link.clock, "kind": decision.kind,
                                         "version": version, "chunks": moved,
                                         "active": list(decision.active)})
 

@@ -48,7 +48,8 @@ from . import casp_scoring as casp
 
 
 class CommunityStep:
-    """Community rounds for one ``PSOptimizer`` (``policy="casp"``)."""
+    """Community rounds for one ``PSOptimizer`` (``policy="casp"``); ``ps`` is its
+    ``worker_link.ServerLink``."""
 
     @staticmethod
     def check_runtime(num_workers: int) -> None:

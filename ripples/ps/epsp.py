@@ -130,7 +130,8 @@ class TaskSampler:
 
 
 class TaskRunner:
-    """Claims, gradient accumulation per clock and pushes for one ``PSOptimizer``."""
+    """Claims, gradient accumulation per clock and pushes for one ``PSOptimizer``; ``ps`` is
+    its ``worker_link.ServerLink``."""
 
     def __init__(self, ps):
         self.ps = ps
