@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from ripples.comm import failures
 from ripples.comm.groups import CommunicatorCache, Group
+from ripples.comm.data_watch import DataPhaseWatch
 from ripples.comm.liveness import Liveness
 from ripples.core.config import Config
 from ripples.core.errors import NotInitializedError, RanksFailedError
@@ -86,9 +87,15 @@ class Runtime:
         self.peers = comm.Dup()
         # Answers peers asking whether this rank is alive, whatever the main thread does.
         self.liveness = Liveness(comm.Dup(), self.config.timeout_s,
-                                 self.config.stall_warning_s, self.config.wait_for_busy_peers)
+                                 self.config.stall_warning_s, self.config.wait_for_busy_peers,
+                                 self.config.stall_shutdown_s)
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
+        # Bounds the blocking MPI call of a collective once its members agreed.
+        self.data_watch = DataPhaseWatch(self.rank, self.config.timeout_s,
+                                         self.config.stall_warning_s, self.liveness.probe,
+                                         self.config.fault_tolerant,
+                                         enabled=self.liveness.answering)
         self.local = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = self.local.Get_rank()
         self.local_size = self.local.Get_size()
@@ -192,6 +199,7 @@ class Runtime:
                 reducer.abandon(error)
             self.reducers = weakref.WeakSet()
             self.liveness.abandon()
+            self.data_watch.close()
             if self.nccl is not None:
                 self.nccl.close()
             survivors, failed = failures.shrink(self.world)
@@ -223,6 +231,7 @@ class Runtime:
             self.nccl.close()
         if self.cache is not None:
             self.cache.close()
+        self.data_watch.close()
         self.liveness.close()
         for comm in (self.cross, self.local, self.peers, self.service_comm, self.ctl,
                      self.world):

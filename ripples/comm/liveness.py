@@ -7,14 +7,19 @@ small responder thread on a private communicator, whatever its main thread is do
 - a peer that does not answer within a short bound (``answer_wait_s``) is dead (or its
   process is frozen): the wait fails, naming it;
 - a peer that is outside ripples (computing, evaluating, writing a checkpoint) is busy: the
-  wait goes on, with a stall warning every ``Config.stall_warning_s``;
+  wait goes on, with a stall warning every ``Config.stall_warning_s`` naming where each
+  busy peer is;
+- ... unless its main thread has not moved for ``Config.stall_shutdown_s``
+  (``ripples.comm.stack_watch``: the same Python stack, e.g. blocked in an MPI barrier that
+  this rank will never reach): it is stuck, not slow, and the wait fails, naming it and
+  where it is;
 - a peer that is itself waiting inside ripples is fine while its own wait is young or was
   recently found to be on a busy peer ("justified"): chains of waits ending at a busy rank
   go on. Peers that have all waited inside ripples for longer than the timeout with no busy
   rank at the end of the chain wait on each other (a collective one of them will never
   call, or calls in another order): the wait fails, naming them.
 
-So a slow rank never fails its peers, a dead one is named within the timeout plus the
+So a slow rank never fails its peers, a stuck one is named after ``stall_shutdown_s``, a dead one is named within the timeout plus the
 answer bound, and a deadlock inside ripples is named within about twice the timeout.
 ``Config.wait_for_busy_peers=False`` keeps the strict rule: a peer that has not arrived
 within the timeout fails the wait, even when it is alive.
@@ -36,6 +41,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from mpi4py import MPI
 
+from ripples.comm.stack_watch import MainThreadWatch
 from ripples.core.errors import RipplesTimeoutError
 
 log = logging.getLogger("ripples")
@@ -48,10 +54,13 @@ NEVER = -1.0    # PeerState.justified_s of a peer whose wait was never found jus
 
 class PeerState(NamedTuple):
     """What a peer answered: how long it has waited inside ripples (``OUTSIDE``: it is not
-    waiting) and how long ago its wait was last found to be on a busy peer (``NEVER``)."""
+    waiting), how long ago its wait was last found to be on a busy peer (``NEVER``), how
+    long its main thread's stack has been still and where that thread is."""
 
     inside_s: float
     justified_s: float
+    still_s: float = 0.0
+    where: str = ""
 
 
 class Verdict(NamedTuple):
@@ -60,6 +69,7 @@ class Verdict(NamedTuple):
     dead: List[int]        # peers that did not answer
     hung: List[int]        # peers waiting inside ripples, unjustified, for too long
     busy: List[int]        # peers outside ripples
+    stuck: List[int] = []  # busy peers whose main thread has not moved for too long
 
 
 def grace_s(timeout_s: float) -> float:
@@ -74,13 +84,20 @@ def answer_wait_s(timeout_s: float) -> float:
     return min(5.0, max(1.0, 0.2 * timeout_s))
 
 
-def assess(states: Dict[int, Optional[PeerState]], timeout_s: float) -> Verdict:
-    """Whether a wait on the peers in ``states`` (None: no answer) should go on."""
+def assess(states: Dict[int, Optional[PeerState]], timeout_s: float,
+           stall_shutdown_s: float = 0.0) -> Verdict:
+    """Whether a wait on the peers in ``states`` (None: no answer) should go on.
+
+    ``stall_shutdown_s`` > 0: a busy peer whose main thread has been still that long is
+    stuck and fails the wait."""
     dead = sorted(r for r, s in states.items() if s is None)
     if dead:
         return Verdict(False, False, dead, [], [])
     limit = timeout_s + grace_s(timeout_s)
     busy = sorted(r for r, s in states.items() if s.inside_s == OUTSIDE)
+    stuck = [r for r in busy if stall_shutdown_s and states[r].still_s >= stall_shutdown_s]
+    if stuck:
+        return Verdict(False, False, [], [], busy, stuck)
     justified = [r for r, s in states.items()
                  if s.inside_s != OUTSIDE and s.justified_s != NEVER and s.justified_s <= limit]
     if busy or justified:
@@ -90,17 +107,26 @@ def assess(states: Dict[int, Optional[PeerState]], timeout_s: float) -> Verdict:
     return Verdict(False, False, [], sorted(states), [])
 
 
+def busy_report(states: Dict[int, Optional[PeerState]], ranks: Sequence[int]) -> str:
+    """One clause per rank: where its main thread is and how long it has been still."""
+    return "; ".join(f"rank {r} at {states[r].where} (still for {states[r].still_s:.0f} s)"
+                     for r in ranks)
+
+
 class Liveness:
     """This rank's responder and its side of the question (``keep_waiting``).
 
     ``comm``: a private duplicate of the runtime's world (this object frees it).
     """
 
-    def __init__(self, comm: MPI.Comm, timeout_s: float, stall_s: float, enabled: bool):
+    def __init__(self, comm: MPI.Comm, timeout_s: float, stall_s: float, enabled: bool,
+                 stall_shutdown_s: float = 0.0):
         self._comm = comm
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = comm.Get_rank()
         self.timeout_s, self.stall_s, self.enabled = timeout_s, stall_s, enabled
+        self.stall_shutdown_s = stall_shutdown_s
+        self._main_thread = MainThreadWatch()
         self._depth = 0
         self._inside_since = 0.0
         self._justified_at: Optional[float] = None
@@ -140,7 +166,8 @@ class Liveness:
             # It just gave up on peers waiting on each other: hung to the rest of that cycle.
             if now < self._hung_until and now - asker_waited_s <= self._gave_up_at:
                 return PeerState(math.inf, NEVER)
-            return PeerState(OUTSIDE, NEVER)
+            return PeerState(OUTSIDE, NEVER, self._main_thread.still_s(),
+                             self._main_thread.where())
         justified = self._justified_at
         return PeerState(now - self._inside_since, NEVER if justified is None else now - justified)
 
@@ -168,14 +195,20 @@ class Liveness:
         peers = sorted(set(peers) - {self.rank})
         if not self.enabled or not peers or self._thread is None:
             raise error
-        verdict = assess(self.probe(peers), self.timeout_s)
+        states = self.probe(peers)
+        verdict = assess(states, self.timeout_s, self.stall_shutdown_s)
         if verdict.wait:
             self._last_kept = time.monotonic()
             if verdict.justified:
                 self._justified_at = time.monotonic()
-            self._warn(error, verdict)
+            self._warn(error, verdict, states)
             return
-        if verdict.dead:
+        if verdict.stuck:
+            found = (f"{busy_report(states, verdict.stuck)}: not moved for "
+                     f"Config.stall_shutdown_s={self.stall_shutdown_s:g} s, so it is stuck, "
+                     "not slow (blocked in a call that waits for this rank?); "
+                     "RIPPLES_STALL_SHUTDOWN_S=0 waits for it however long")
+        elif verdict.dead:
             found = (f"rank(s) {verdict.dead} did not answer a liveness check within "
                      f"{answer_wait_s(self.timeout_s):g} s: they have likely died, or shut "
                      "ripples down")
@@ -220,13 +253,14 @@ class Liveness:
             answers.update({peer: None for peer in waiting})
             return answers
 
-    def _warn(self, error: RipplesTimeoutError, verdict: Verdict) -> None:
+    def _warn(self, error: RipplesTimeoutError, verdict: Verdict,
+              states: Dict[int, Optional[PeerState]]) -> None:
         now = time.monotonic()
         if now - self._last_warning < self.stall_s:
             return
         self._last_warning = now
-        who = (f"rank(s) {verdict.busy} are alive and busy outside ripples" if verdict.busy
-               else "the peers are alive and waiting on others")
+        who = (f"alive and busy outside ripples: {busy_report(states, verdict.busy)}"
+               if verdict.busy else "the peers are alive and waiting on others")
         log.warning("%s; %s, so rank %d keeps waiting (a slow rank is not a dead one; "
                     "Config.wait_for_busy_peers=False fails instead)", error, who, self.rank)
 
@@ -237,6 +271,7 @@ class Liveness:
         sends: List[MPI.Request] = []
         while not self._closing.is_set():
             try:
+                self._main_thread.sample()
                 if not self._comm.iprobe(source=MPI.ANY_SOURCE, tag=_PING, status=status):
                     sends = [s for s in sends if not s.Test()]
                     self._closing.wait(_RESPONDER_NAP_S)
@@ -247,6 +282,11 @@ class Liveness:
                                               dest=source, tag=_PONG))
             except MPI.Exception:  # a peer died mid-message: the others still get answers
                 self._closing.wait(_RESPONDER_NAP_S)
+
+    @property
+    def answering(self) -> bool:
+        """Whether this rank's responder runs (and so the peers' do: same settings)."""
+        return self._thread is not None
 
     @property
     def comm(self) -> MPI.Comm:

@@ -16,7 +16,8 @@ from typing import Any, Mapping, Optional
 
 ENV_PREFIX = "RIPPLES_"
 # Variables read by the test suite, not by the library.
-_NON_CONFIG_NAMES = {"RIPPLES_TEST_GPU", "RIPPLES_TEST_MPIEXEC"}
+_NON_CONFIG_NAMES = {"RIPPLES_TEST_GPU", "RIPPLES_TEST_MPIEXEC", "RIPPLES_LONG_TESTS",
+                     "RIPPLES_FUZZ_CASES", "RIPPLES_STRESS_ROUNDS", "RIPPLES_LONG_LIVENESS"}
 # Horovod's variables with the same meaning, so `HOROVOD_TIMELINE=t.json mpiexec ...` keeps
 # working after a script switches to ripples.
 HOROVOD_NAMES = {

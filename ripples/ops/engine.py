@@ -330,7 +330,8 @@ class Engine:
         start = timeline.now() if timeline.enabled else 0.0
         error = None
         try:
-            action()
+            with self._rt.data_watch.phase(group, f"{requests[0].what} {requests[0].name!r}"):
+                action()
         except BaseException as exc:
             error = exc
         if timeline.enabled:
@@ -425,6 +426,10 @@ class Engine:
 
     def _take_part(self, wires: List[Tuple[str, str]]) -> None:
         """A joined rank's side of the collectives the active ranks agreed on."""
+        with self._rt.data_watch.phase(self._rt.world_group, "a collective (as a joined rank)"):
+            self._contribute(wires)
+
+    def _contribute(self, wires: List[Tuple[str, str]]) -> None:
         comm = self._rt.world
         threshold = max(1, self._rt.config.fusion_threshold_bytes)
         i = 0
