@@ -28,17 +28,14 @@ ceiling: the time ratio if every rank worked at its own speed with no waiting at
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness import launch, report, stats
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ["allreduce", "ripples-dropin", "ripples", "adpsgd", "ddp"]
@@ -85,39 +82,34 @@ def write_scripts(directory: Path) -> dict:
             "ddp": [str(ROOT / "benchmarks" / "epochs_ddp.py")]}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def run_once(args, command, scenario: str, repeat: int, checkpoint: Path) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+    """One job of ``command`` (a mode's script) for ``args.epochs`` epochs; rank 0's time
+    and accuracy read from its epoch lines."""
     settings = {k: v.format(last=args.np - 1) for k, v in SCENARIOS[scenario].items()}
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1", RIPPLES_COMPUTE_MS=str(args.compute_ms),
-               RIPPLES_SEED=str(repeat), RIPPLES_BENCH_PORT=str(free_port()), **settings)
+    env = dict(RIPPLES_COMPUTE_MS=str(args.compute_ms), RIPPLES_SEED=str(repeat),
+               RIPPLES_BENCH_PORT=str(launch.free_port()), **settings)
     checkpoint.unlink(missing_ok=True)
-    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.np),
-           "--oversubscribe", "--bind-to", "none", sys.executable, *command,
-           "--epochs", str(args.epochs), "--checkpoint", str(checkpoint)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    argv = [sys.executable, *command, "--epochs", str(args.epochs), "--checkpoint",
+            str(checkpoint)]
+    done = launch.run_job(args.np, argv, env=env, timeout=args.timeout, capture=True,
+                          check=False)
     epochs = EPOCH_LINE.findall(done.stdout)
     if done.returncode != 0 or len(epochs) != args.epochs:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}\n"
+        raise RuntimeError(f"{' '.join(done.args)} failed ({done.returncode}):\n{done.stdout}\n"
                            f"{done.stderr[-3000:]}")
     return {"wall_s": float(epochs[-1][2]), "accuracy": float(epochs[-1][1]),
             "epoch_s": [float(t) for _, _, t in epochs]}
 
 
 def summarize(scenario: str, runs: dict, size: int) -> dict:
+    """Medians over repeats of every mode, and their ratios to all-reduce's."""
     rows = {}
-    base = statistics.median(r["wall_s"] for r in runs["allreduce"])
-    base_accuracy = statistics.median(r["accuracy"] for r in runs["allreduce"])
+    base = stats.median(r["wall_s"] for r in runs["allreduce"])
+    base_accuracy = stats.median(r["accuracy"] for r in runs["allreduce"])
     for mode, mode_runs in runs.items():
-        wall = statistics.median(r["wall_s"] for r in mode_runs)
-        accuracy = statistics.median(r["accuracy"] for r in mode_runs)
-        rows[mode] = {"wall_s_median": wall, "time_vs_allreduce": wall / base,
+        wall = stats.median(r["wall_s"] for r in mode_runs)
+        accuracy = stats.median(r["accuracy"] for r in mode_runs)
+        rows[mode] = {"wall_s_median": wall, "time_vs_allreduce": stats.ratio(wall, base),
                       "accuracy_median": accuracy,
                       "accuracy_vs_allreduce": accuracy - base_accuracy,
                       "runs": mode_runs}
@@ -159,9 +151,7 @@ def main(argv=None) -> int:
     print(f"epoch-loop benchmark: {args.np} ranks on {os.cpu_count()} cores, {args.epochs} "
           f"epochs, compute EMULATED ({args.compute_ms:g} ms/step), {args.repeats} interleaved "
           f"repeats, {time.strftime('%Y-%m-%d')}", flush=True)
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
-              "cores": os.cpu_count(), "compute": "emulated", "args": vars(args),
-              "scenarios": {}}
+    result = {"compute": "emulated", "args": vars(args), "scenarios": {}}
     with tempfile.TemporaryDirectory() as scratch:
         commands = write_scripts(Path(scratch))
         for scenario in scenarios:
@@ -171,11 +161,10 @@ def main(argv=None) -> int:
                     runs[mode].append(run_once(args, commands[mode], scenario, repeat,
                                                Path(scratch) / f"{mode}.pt"))
             summary = summarize(scenario, runs, args.np)
-            report["scenarios"][scenario] = summary
+            result["scenarios"][scenario] = summary
             print(table(scenario, summary), flush=True)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        report.write_json(args.json, result)
     return 0
 
 

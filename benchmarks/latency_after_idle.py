@@ -30,19 +30,14 @@ Compute is EMULATED (sleep). No bar: these numbers are inputs of the simulator.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
-import statistics
 import threading
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
 from mpi4py import MPI
 
 import ripples.torch as hvd
+from harness import report, stats, timing
 from ripples.ops.partial import grouped_partial_allreduce_
 from ripples.schedule.service import GeneratorSchedule
 from ripples.torch.adpsgd_exchange import Responder, exchange, finish
@@ -113,30 +108,24 @@ def main(argv=None) -> int:
     if size % args.group_size or size % 2:
         raise SystemExit(f"--group-size {args.group_size} and 2 must divide the {size} ranks")
     calls, close = operations(args, world)
-    times = {row: [] for row in ROWS}
-    for i in range(args.warmup + args.iterations):
-        for row, call in calls.items():
-            world.Barrier()
-            time.sleep(args.idle_ms / 1000.0)
-            start = time.perf_counter()
-            call(i)
-            if i >= args.warmup:
-                times[row].append(time.perf_counter() - start)
-    # an iteration lasts as long as its slowest rank
-    slowest = {row: np.max(world.allgather(times[row]), axis=0) for row in ROWS}
+
+    def idle(_):  # untimed: every rank idles at once, as after a step of compute
+        world.Barrier()
+        time.sleep(args.idle_ms / 1000.0)
+
+    times = timing.interleaved(calls, args.iterations, warmup=args.warmup, before=idle)
+    slowest = {row: stats.slowest_per_iteration(world.allgather(times[row])) for row in ROWS}
     close()
     if world.Get_rank() == 0:
-        medians = {row: 1e6 * statistics.median(slowest[row]) for row in ROWS}
+        medians = {row: 1e6 * stats.median(slowest[row]) for row in ROWS}
         print(f"{size} ranks, {args.idle_ms:g} ms idle before each operation (emulated "
               f"compute), {args.bytes} bytes, groups of {args.group_size}; median of "
               f"{args.iterations}, slowest rank")
         for row in ROWS:
             print(f"  {row:<28} {medians[row]:8.0f} us")
         if args.json:
-            Path(args.json).write_text(json.dumps({
-                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-                "machine": platform.platform(), "ranks": size, "compute": "emulated (sleep)",
-                "args": vars(args), "median_us": medians}, indent=1))
+            report.write_json(args.json, {"ranks": size, "compute": "emulated (sleep)",
+                                          "args": vars(args), "median_us": medians})
     hvd.shutdown()
     return 0
 

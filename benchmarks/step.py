@@ -28,12 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from harness import launch, report, stats
 
 ROWS = ["no communication", "raw MPI", "ripples allreduce", "ripples allreduce, by name",
         "ripples allreduce, bf16", "ripples static", "torch DDP (gloo)", "Horovod"]
@@ -131,12 +130,7 @@ def worker(args) -> None:
     def ddp():
         import torch.distributed as dist
         if not dist.is_initialized():
-            port = None
-            if rank == 0:
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", 0))
-                    port = probe.getsockname()[1]
-            port = world.bcast(port, root=0)
+            port = world.bcast(launch.free_port() if rank == 0 else None, root=0)
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                     world_size=size)
         model = torch.nn.parallel.DistributedDataParallel(make_model())
@@ -188,8 +182,8 @@ def table(best: dict, np_: int, cores: int) -> str:
         if rate is None:
             lines.append(f"{row:<28} {'not importable':>8}")
             continue
-        lines.append(f"{row:<28} {rate:>8.1f} {rate / base:>10.2f} "
-                     f"{(rate / ddp) if ddp else float('nan'):>6.2f}")
+        lines.append(f"{row:<28} {rate:>8.1f} {stats.ratio(rate, base):>10.2f} "
+                     f"{stats.ratio(rate, ddp):>6.2f}")
     return "\n".join(lines)
 
 
@@ -213,14 +207,9 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     out = f"/tmp/ripples_step_{os.getpid()}.json"
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.np),
-           "--oversubscribe", "--bind-to", "none", sys.executable, __file__, "--worker",
-           "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--repeats", str(args.repeats), "--rows", ";".join(args.rows)]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1")
-    subprocess.run(cmd, check=True, env=env, timeout=1800)
+    launch.run_job(args.np, launch.script_command(
+        __file__, "--worker", "--out", out, "--steps", args.steps, "--warmup", args.warmup,
+        "--repeats", args.repeats, "--rows", ";".join(args.rows)), timeout=1800)
     best = json.loads(Path(out).read_text())
     cores = os.cpu_count() or 1
     print(f"training-step benchmark: {args.np} ranks on {cores} cores, real compute, MLP "
@@ -228,11 +217,9 @@ def main(argv=None) -> int:
           f"{args.repeats} x {args.steps} steps, {time.strftime('%Y-%m-%d')}")
     print(table(best, args.np, cores))
     if args.json:
-        report = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
-                  "cores": cores, "np": args.np, "oversubscribed": args.np > cores,
-                  "compute": "real", "steps_per_s": best, "args": vars(args)}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        report.write_json(args.json, {"np": args.np, "oversubscribed": args.np > cores,
+                                      "compute": "real", "steps_per_s": best,
+                                      "args": vars(args)})
     return 0
 
 

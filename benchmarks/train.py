@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from harness import launch, report, stats
 
 SCENARIOS = {
     "homogeneous": {},
@@ -100,8 +100,6 @@ def worker(args) -> None:
 
 def train_ddp(data, args) -> dict:
     """The same model, data and budget with PyTorch DDP over gloo: an outside reference."""
-    import socket
-
     import torch
     import torch.distributed as dist
 
@@ -113,12 +111,7 @@ def train_ddp(data, args) -> dict:
     if not dist.is_available():
         return {"mode": "ddp (gloo)", "note": "torch.distributed not available"}
     rank, size = hvd.rank(), hvd.size()
-    port = None
-    if rank == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-    port = hvd.broadcast_object(port, 0)
+    port = hvd.broadcast_object(launch.free_port() if rank == 0 else None, 0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=size)
     model = make_model(data.x_train.shape[1], data.classes, args.seed)
@@ -161,18 +154,16 @@ def train_ddp(data, args) -> dict:
             "wait_share": sum(s[1] for s in stats) / (len(stats) * wall)}
 
 
-def launch(args, scenario: str, out: str) -> None:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.np), "--oversubscribe",
-           "--bind-to", "none", sys.executable, __file__, "--worker", "--scenario", scenario,
-           "--out", out, "--np", str(args.np), "--seconds", str(args.seconds),
-           "--compute-ms", str(args.compute_ms), "--batch", str(args.batch), "--lr", str(args.lr),
-           "--target", str(args.target), "--group-size", str(args.group_size),
-           "--seed", str(args.seed), "--modes", args.modes]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1")
+def run_scenario(args, scenario: str, out: str) -> None:
+    """One MPI job of ``args.np`` ranks: every selected mode in ``scenario``; rank 0 writes
+    the rows to ``out``."""
+    command = launch.script_command(
+        __file__, "--worker", "--scenario", scenario, "--out", out, "--np", args.np,
+        "--seconds", args.seconds, "--compute-ms", args.compute_ms, "--batch", args.batch,
+        "--lr", args.lr, "--target", args.target, "--group-size", args.group_size,
+        "--seed", args.seed, "--modes", args.modes)
     modes = len(selected_modes(args.modes))
-    subprocess.run(cmd, check=True, env=env, timeout=60 + 3 * args.seconds * modes)
+    launch.run_job(args.np, command, timeout=60 + 3 * args.seconds * modes)
 
 
 def time_to_target_ratio(base: dict, ttt) -> str:
@@ -181,8 +172,8 @@ def time_to_target_ratio(base: dict, ttt) -> str:
     if not ttt:
         return "n/a"
     if base["time_to_target_s"]:
-        return f"{base['time_to_target_s'] / ttt:.2f}x"
-    return f">{base['wall_s'] / ttt:.2f}x"
+        return f"{stats.ratio(base['time_to_target_s'], ttt):.2f}x"
+    return f">{stats.ratio(base['wall_s'], ttt):.2f}x"
 
 
 def table(scenario: str, rows, ceiling: float) -> str:
@@ -198,7 +189,8 @@ def table(scenario: str, rows, ceiling: float) -> str:
         speed = time_to_target_ratio(base, ttt)
         lines.append(
             f"{row['mode']:<20} {row['steps_per_s']:>8.1f} "
-            f"{row['steps_per_s'] / base['steps_per_s']:>7.2f}x {row['steps_per_s'] / ceiling:>7.0%} "
+            f"{stats.ratio(row['steps_per_s'], base['steps_per_s']):>7.2f}x "
+            f"{stats.ratio(row['steps_per_s'], ceiling):>7.0%} "
             f"{(format(ttt, '.1f') if ttt else 'n/a'):>9} "
             f"{speed:>8} "
             f"{row['averaged_accuracy']:>7.3f} {row['worst_accuracy']:>6.3f} "
@@ -241,18 +233,16 @@ def main(argv=None) -> int:
     print(f"end-to-end benchmark: {args.np} ranks on {os.cpu_count()} cores, compute EMULATED "
           f"({args.compute_ms:g} ms/step), {args.seconds:g} s per mode, group size "
           f"{args.group_size}, digits MLP, {time.strftime('%Y-%m-%d')}")
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
-              "cores": os.cpu_count(), "compute": "emulated", "args": vars(args), "scenarios": {}}
+    result = {"compute": "emulated", "args": vars(args), "scenarios": {}}
     for scenario in scenarios:
         out = f"/tmp/ripples_train_{scenario}_{os.getpid()}.json"
-        launch(args, scenario, out)
+        run_scenario(args, scenario, out)
         rows = json.loads(Path(out).read_text())
         ceiling = ceiling_steps_per_s(args.np, args.compute_ms, scenario)
-        report["scenarios"][scenario] = {"ceiling_steps_per_s": ceiling, "modes": rows}
+        result["scenarios"][scenario] = {"ceiling_steps_per_s": ceiling, "modes": rows}
         print(table(scenario, rows, ceiling), flush=True)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        report.write_json(args.json, result)
     return 0
 
 

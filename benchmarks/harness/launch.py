@@ -63,12 +63,13 @@ def script_command(script: str, *args) -> list:
 
 
 def run_job(ranks: int, argv: Sequence[str], env: Optional[dict] = None,
-            timeout: Optional[float] = None, capture: bool = False,
+            timeout: Optional[float] = None, capture: bool = False, check: bool = True,
             declare_slots: bool = False) -> subprocess.CompletedProcess:
-    """Run ``argv`` under ``mpiexec -n ranks``; a failed job raises ``CalledProcessError``
-    (with its output when ``capture``)."""
+    """Run ``argv`` under ``mpiexec -n ranks`` with ``job_env(env)``; with ``check`` a
+    failed job raises ``CalledProcessError``; with ``capture`` its output is returned as
+    text instead of shown."""
     return subprocess.run(mpiexec_command(ranks, argv, declare_slots), env=job_env(env),
-                          timeout=timeout, check=True, capture_output=capture,
+                          timeout=timeout, check=check, capture_output=capture,
                           text=capture or None)
 
 

@@ -17,16 +17,17 @@ COMMAND_VARIABLE = "BENCH_COMMAND"
 _PASSED_ON = ("RIPPLES_",)  # settings in the environment that change what is measured
 
 
-def command_line(argv: Optional[Sequence[str]] = None, ranks: Optional[int] = None) -> str:
+def command_line(argv: Optional[Sequence[str]] = None) -> str:
     """The command as typed: ``python`` and this script's arguments (``argv``, default
     ``sys.argv``), after the ``RIPPLES_*`` settings of the environment. A rank of a job
-    started by a driver returns the driver's line (``BENCH_COMMAND``); one started by hand
-    under ``mpiexec`` is quoted ``mpiexec -n ranks python ...``."""
+    started by a driver returns the driver's line (``BENCH_COMMAND``); a rank of a job
+    started by hand is quoted ``mpiexec -n SIZE python ...``."""
     if argv is None and os.environ.get(COMMAND_VARIABLE):
         return os.environ[COMMAND_VARIABLE]
     words = ["python", *(sys.argv if argv is None else argv)]
-    if ranks is not None:
-        words = ["mpiexec", "-n", str(ranks), *words]
+    ranks = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
+    if ranks:
+        words = ["mpiexec", "-n", ranks, *words]
     settings = [f"{k}={v}" for k, v in sorted(os.environ.items())
                 if k.startswith(_PASSED_ON) and not k.startswith("RIPPLES_TEST")]
     return " ".join([*settings, *(shlex.quote(str(w)) for w in words)])
