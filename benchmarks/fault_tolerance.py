@@ -19,16 +19,15 @@ largest over survivors (bar: <= 5 s). Rank 0 of each job prints a ``RESULT {json
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
 
 import torch
+
+from harness import launch, report
 
 KILLED_RANK = 5
 
@@ -70,18 +69,20 @@ def worker(args) -> None:
     stats = hvd.allgather_object((old_rank, stall, statistics.median(step_s), len(step_s),
                                   reset_at, loop_s))
     if hvd.rank() == 0:
-        print("RESULT " + json.dumps({
+        launch.emit_result({
             "world_before": old_size, "world_after": hvd.size(),
             "survivors": sorted(s[0] for s in stats), "steps": [s[3] for s in stats],
             "recovered_in_step": [s[4] for s in stats],
             "averaged_accuracy": accuracy(model, data.x_test, data.y_test),
             "stall_s": max(s[1] for s in stats),
             "median_step_s": statistics.median(s[2] for s in stats),
-            "training_loop_s": max(s[5] for s in stats)}), flush=True)
+            "training_loop_s": max(s[5] for s in stats)})
     hvd.shutdown()
 
 
 def run_job(args, nprocs: int, kill: bool) -> dict:
+    """One ``ripplesrun`` job of ``nprocs`` ranks (rank 5 killed when ``kill``); rank 0's
+    result and the job's wall time."""
     command = [sys.executable, "-m", "ripples.runner.launch", "-np", str(nprocs),
                "--compute-ms", str(args.compute_ms)]
     if kill:
@@ -90,11 +91,7 @@ def run_job(args, nprocs: int, kill: bool) -> dict:
                 "--kill-at", str(args.kill_at)] + (["--kill"] if kill else [])
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-    found = re.search(r"^RESULT (.*)$", done.stdout, re.M)
-    if found is None:
-        raise RuntimeError(f"no result from {' '.join(command)} (exit {done.returncode}):\n"
-                           f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    result = json.loads(found.group(1))
+    result = launch.result_of(done, " ".join(command))
     result["wall_s"] = time.perf_counter() - start
     return result
 
@@ -123,16 +120,14 @@ def main() -> int:
         "stall <= 5 s": killed["stall_s"] <= 5.0
         and all(len(steps) == 1 for steps in killed["recovered_in_step"]),
     }
-    report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+    result = {
         "setup": f"sync=ripples, generator, groups of 2, digits MLP, {args.steps} steps, "
                  f"compute EMULATED ({args.compute_ms:g} ms/step), 8 ranks on "
                  f"{os.cpu_count()} cores; rank {KILLED_RANK} killed at step {args.kill_at}",
         "killed": killed, "uninterrupted_7": baseline,
         "accuracy_gap_points": gap, "bars": {k: "PASS" if v else "MISS" for k, v in bars.items()},
     }
-    print(f"{report['setup']}\n"
+    print(f"{result['setup']}\n"
           f"killed run:    survivors {killed['survivors']}, recovered in steps "
           f"{killed['recovered_in_step']}, averaged accuracy "
           f"{killed['averaged_accuracy']:.4f}, stall {killed['stall_s']:.2f} s (median step "
@@ -141,11 +136,10 @@ def main() -> int:
           f"uninterrupted: averaged accuracy {baseline['averaged_accuracy']:.4f}, training "
           f"loop {baseline['training_loop_s']:.1f} s, job {baseline['wall_s']:.1f} s\n"
           f"accuracy gap: {gap:+.2f} points")
-    for bar, status in report["bars"].items():
+    for bar, status in result["bars"].items():
         print(f"  {status:4}  {bar}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        report.write_json(args.json, result)
     return 0
 
 

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
-import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
+from harness import report
 from ripples.schedule import GroupGenerator
 
 
@@ -103,12 +101,10 @@ def main(argv=None) -> int:
                   f"{row['cpu_us_per_request']:>7.1f} {row['core_share']:>6.1%} "
                   f"{row['divisions']:>9}", flush=True)
     if args.json:
-        report = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(),
-                  "cores": os.cpu_count(), "python": platform.python_version(),
-                  "command": "python benchmarks/generator_scale.py " + " ".join(argv or sys.argv[1:]),
-                  "rows": rows}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        typed = None if argv is None else ["benchmarks/generator_scale.py", *argv]
+        command = report.command_line(typed)
+        report.write_json(args.json, {"python": platform.python_version(), "rows": rows},
+                          command)
     return 0
 
 

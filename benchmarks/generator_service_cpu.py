@@ -49,14 +49,13 @@ Every design sets it explicitly.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from harness import launch, report, stats
 
 REPO = Path(__file__).resolve().parent.parent
 DESIGNS = ("none", "nap", "recv", "recv-yield", "recv-nanosleep", "current",
@@ -230,11 +229,10 @@ def worker(args) -> None:
             "service_cpu_pct": round(row["cpu_pct"], 3),
             "rank0_compute_per_s": row["compute_per_s"],
             "requests": len(lat),
-            "latency_us_median": round(statistics.median(lat), 1) if lat else None,
-            "latency_us_p99": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1)
-            if lat else None,
+            "latency_us_median": round(stats.median(lat), 1) if lat else None,
+            "latency_us_p99": round(stats.percentile(lat, 0.99), 1) if lat else None,
         }
-    print("RESULT " + json.dumps(result), flush=True)
+    launch.emit_result(result)
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -248,25 +246,18 @@ def design_env(design: str, nanosleep_us: float) -> dict:
 
 
 def run_design(design: str, args) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    # --host localhost:N declares N slots: an oversubscribed job would have Open MPI force
-    # mpi_yield_when_idle on, whatever the environment says.
-    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks),
-           "--host", f"localhost:{args.ranks}", "--bind-to", "none", sys.executable,
-           __file__, "--worker", "--design", design, "--phase-s", str(args.phase_s),
-           "--settle-s", str(args.settle_s),
-           "--interval-ms", str(args.interval_ms)]
+    """One job of ``args.ranks`` ranks running ``design``; rank 0's result."""
+    command = launch.script_command(__file__, "--worker", "--design", design, "--phase-s",
+                                    args.phase_s, "--settle-s", args.settle_s,
+                                    "--interval-ms", args.interval_ms)
     extra = design_env(design, args.nanosleep_us)
-    env = {**os.environ, **extra, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
-           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    env = {**extra, "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                         timeout=len(PHASES) * args.phase_s + 120)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if out.returncode != 0 or not lines:
-        raise SystemExit(f"{design}: exit {out.returncode}\n{out.stdout}\n{out.stderr}")
-    row = json.loads(lines[-1][len("RESULT "):])
+    # Declared slots, not --oversubscribe: an oversubscribed job would have Open MPI force
+    # mpi_yield_when_idle on, whatever the environment says.
+    done = launch.run_job(args.ranks, command, env=env, capture=True, check=False,
+                          declare_slots=True, timeout=len(PHASES) * args.phase_s + 120)
+    row = launch.result_of(done, f"design {design}")
     row["env"] = extra
     return row
 
@@ -299,9 +290,8 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for design in args.designs.split(","):
-        runs = sorted((run_design(design, args) for _ in range(args.repeat)),
-                      key=lambda r: r["load+compute"]["service_cpu_pct"])
-        rows.append(runs[len(runs) // 2])
+        runs = [run_design(design, args) for _ in range(args.repeat)]
+        rows.append(stats.median_run(runs, key=lambda r: r["load+compute"]["service_cpu_pct"]))
     base = next((r for r in rows if r["design"] == "none"), None)
     print(f"{'':>15} | {'service thread CPU, % of a core':^43} | {'answer latency, us':^41}")
     print(f"{'design':>15} | {'idle':>9} {'load':>9} {'idle+comp':>11} {'load+comp':>11} | "
@@ -319,22 +309,18 @@ def main(argv=None) -> int:
               f"{fmt(row['load+compute']['latency_us_median']):>9} "
               f"{fmt(row['load+compute']['latency_us_p99']):>10}")
     if args.json:
-        report = {"date": time.strftime("%Y-%m-%d %H:%M"),
-                  "machine": platform.platform(), "cores": os.cpu_count(),
-                  "python": platform.python_version(),
-                  "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
-                  "ranks": args.ranks, "interval_ms": args.interval_ms,
-                  "phase_s": args.phase_s, "settle_s": args.settle_s,
-                  "nanosleep_us": args.nanosleep_us,
-                  "phases": {"idle": "no requests, rank 0's main thread asleep (a free core)",
-                             "load": "every rank asks every interval_ms, rank 0's main "
-                                     "thread asleep between its own requests",
-                             "idle+compute": "no requests, rank 0's main thread computes on "
-                                             "the service thread's core",
-                             "load+compute": "both"},
-                  "rows": rows}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        command = report.command_line(None if argv is None else [sys.argv[0], *argv])
+        report.write_json(args.json, {
+            "python": platform.python_version(), "ranks": args.ranks,
+            "interval_ms": args.interval_ms, "phase_s": args.phase_s, "settle_s": args.settle_s,
+            "nanosleep_us": args.nanosleep_us,
+            "phases": {"idle": "no requests, rank 0's main thread asleep (a free core)",
+                       "load": "every rank asks every interval_ms, rank 0's main "
+                               "thread asleep between its own requests",
+                       "idle+compute": "no requests, rank 0's main thread computes on "
+                                       "the service thread's core",
+                       "load+compute": "both"},
+            "rows": rows}, command)
     return 0
 
 

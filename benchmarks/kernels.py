@@ -11,14 +11,11 @@ on CPU `torch.cat` (+ `mul_`), on GPU a plain device-to-device copy of the buffe
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import platform
-import statistics
-import time
 
 import torch
 
+from harness import report, stats, timing
 from ripples import kernels
 
 SCALE = -1.0
@@ -35,17 +32,9 @@ def _timer(device: torch.device):
 def median_seconds(fns: dict, iters: int, sync) -> dict:
     """Median time of each function, run round-robin so that all of them see the same
     background load (the machines are shared; ratios must be side by side)."""
-    times = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    sync()
-    for _ in range(iters):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            sync()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    calls = {name: (lambda _, fn=fn: fn()) for name, fn in fns.items()}
+    times = timing.interleaved(calls, iters, warmup=1, after=sync)
+    return {name: stats.median(t) for name, t in times.items()}
 
 
 def run_case(count: int, numel: int, device: torch.device, iters: int) -> list:
@@ -81,7 +70,7 @@ def run_case(count: int, numel: int, device: torch.device, iters: int) -> list:
             "gbps": 2 * nbytes / seconds[name] / 1e9,
             "baseline": ref, "baseline_time_us": seconds[ref] * 1e6,
             "baseline_gbps": 2 * nbytes / seconds[ref] / 1e9,
-            "ratio": seconds[ref] / seconds[name],
+            "ratio": stats.ratio(seconds[ref], seconds[name]),
         })
     return rows
 
@@ -110,17 +99,13 @@ def main(argv=None) -> dict:
             print(f"{row['count']:>7} {row['numel']:>9} {row['bytes'] / 1e6:>7.1f} {row['op']:>12} "
                   f"{row['time_us']:>10.1f} {row['gbps']:>7.2f} {row['baseline']:>15} "
                   f"{row['baseline_gbps']:>7.2f} {row['ratio']:>12.2f}x")
-    result = {
+    result = report.stamped({
         "benchmark": "kernels", "device": str(device), "device_name": name, "path": path,
         "torch": torch.__version__, "threads": torch.get_num_threads(), "iters": args.iters,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": platform.node(), "command": "python benchmarks/kernels.py "
-        + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
         "rows": rows,
-    }
+    }, report.command_line(None if argv is None else ["benchmarks/kernels.py", *argv]))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
+        report.write_json(args.json, result)
     return result
 
 

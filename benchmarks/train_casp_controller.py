@@ -17,6 +17,7 @@ The held-out mixes of ``--evaluate`` are none of these: 8 workers with speeds
 
     python benchmarks/train_casp_controller.py                # 130 s; writes the shipped weights
     python benchmarks/train_casp_controller.py --evaluate        # table + results JSON
+    python benchmarks/train_casp_controller.py --evaluate --json /tmp/casp.json   # elsewhere
 """
 from __future__ import annotations
 
@@ -168,6 +169,8 @@ def main():
     parser.add_argument("--entropy", type=float, default=lc.ENTROPY_BETA)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=pathlib.Path, default=lc.WEIGHTS)
+    parser.add_argument("--json", type=pathlib.Path, default=RESULTS,
+                        help="where --evaluate writes its results")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.evaluate:
@@ -184,9 +187,10 @@ def main():
         "traffic_penalty": casp.DEFAULT_TRAFFIC_PENALTY}}
     print(json.dumps(result["summary"], indent=1))
     if args.evaluate:
-        RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"written {RESULTS}")
+        # Imported here: tests load this file by path, where harness/ is not importable.
+        from harness import report
+        report.write_json(args.json, result)
+        print(f"written {args.json}")
 
 
 if __name__ == "__main__":
