@@ -17,41 +17,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
-from mpi4py import MPI
 
-from ripples.comm.control import Decision, Record, missing_description, negotiate
-from ripples.comm.mpi import Deadline
+from ripples.comm.control import Record, negotiate
 from ripples.core.errors import RipplesError, RipplesTimeoutError
+from ripples.ops.executor import Executor
+from ripples.ops.expiry import expire
 from ripples.ops.handles import Handle
-from ripples.ops.ring_allreduce import PeerRing
-
-Pair = Tuple[torch.Tensor, torch.Tensor]
-
-
-class Request:
-    """One named collective on one group.
-
-    An all-reduce carries ``pair`` and a ``wire`` text starting with ``"allreduce|"`` and is
-    fused with its neighbours of equal ``fuse_key``; anything else carries ``run(comm,
-    active)``, which does the data movement once the members agreed.
-    """
-
-    __slots__ = ("name", "group", "what", "signature", "wire", "handle", "pair", "reduce",
-                 "run", "fuse_key", "nbytes", "submitted", "missing")
-
-    def __init__(self, name: str, group, what: str, signature: str, handle: Handle,
-                 wire: str = "", pair: Optional[Pair] = None, reduce=None,
-                 run: Optional[Callable] = None):
-        self.name, self.group, self.what = name, tuple(group), what
-        self.signature, self.wire, self.handle = signature, wire, handle
-        self.pair, self.reduce, self.run = pair, reduce, run
-        self.fuse_key = wire.split("|", 2)[1] if pair is not None else None
-        self.nbytes = pair[0].numel() * pair[0].element_size() if pair is not None else 0
-        self.submitted = time.monotonic()
-        self.missing: Optional[List[int]] = None
+from ripples.ops.join_rounds import JoinRounds
+from ripples.ops.request import Pair, Request, fusion_chunks, needs_communicator  # noqa: F401
 
 
 class Engine:
@@ -59,8 +35,6 @@ class Engine:
 
     def __init__(self, runtime, reduce_fused: Callable, participate: Dict[str, Callable]):
         self._rt = runtime
-        self._reduce_fused = reduce_fused  # (comm, group, active, requests) for one fused chunk
-        self._participate = participate    # kind -> (comm, wires) for a joined rank
         self._lock = threading.Lock()      # guards the pending list and names
         self._wake = threading.Condition(self._lock)
         self._comm_lock = threading.Lock()  # whoever holds it talks to the other ranks
@@ -69,9 +43,12 @@ class Engine:
         self._unnamed: Dict[tuple, int] = {}
         self._thread: Optional[threading.Thread] = None
         self._closing = False
-        self._join_rounds = -1
         self._here = threading.local()
         self._waited_here = _WaitedHere(self._here)
+        self._reduce_fused = reduce_fused  # (comm, group, active, requests) for one fused chunk
+        # Looked up at each call, so that a test can replace the engine's data step.
+        self._executor = Executor(runtime, lambda *args: self._reduce_fused(*args), self._finish)
+        self._joined = JoinRounds(runtime, participate, self._comm_lock, self._restart_names)
 
     # ------------------------------------------------------------------ submission
 
@@ -213,11 +190,11 @@ class Engine:
             rt.timeline.mark_cycle()
         comm = rt.world if group == rt.world_group else rt.cache.lookup(group)
         if len(group) == 1:
-            self._execute(comm, group, 1, batch)
+            self._executor.execute(comm, group, 1, batch)
             return True
-        ring = self._ring(group)
+        ring = self._executor.ring(group)
         # Over the ring, only what the ring cannot carry needs the group's communicator.
-        need_create = comm is None and (ring is None or any(_needs_communicator(r)
+        need_create = comm is None and (ring is None or any(needs_communicator(r)
                                                             for r in batch))
         record = Record(group, need_create, -1, any(r.handle.blocking for r in batch),
                         [(r.name, r.signature, r.wire) for r in batch])
@@ -248,97 +225,12 @@ class Engine:
         by_name = {r.name: r for r in batch}
         for name, error in decision.failed.items():
             self._fail_unmatched([by_name[name]], error)
-        self._execute(comm, group, decision.active, [by_name[n] for n in decision.run], ring)
+        agreed = [by_name[n] for n in decision.run]
+        self._executor.execute(comm, group, decision.active, agreed, ring)
         progressed = bool(decision.run or decision.failed)
         if not progressed:
-            self._expire(batch, decision)
+            expire(self._rt, batch, decision, self._fail_unmatched)
         return progressed
-
-    def _expire(self, batch: List[Request], decision: Decision) -> None:
-        """Fail requests that other members have not matched within the timeout."""
-        now = time.monotonic()
-        timeout = self._rt.config.timeout_s
-        # One liveness question per set of missing members (a dead one takes seconds to tell).
-        found: Dict[tuple, Optional[RipplesTimeoutError]] = {}
-        for request in batch:
-            request.missing = decision.missing.get(request.name, request.missing)
-            if now - request.submitted <= timeout:
-                continue
-            error = RipplesTimeoutError(
-                f"{request.what} {request.name!r} on group {request.group}: "
-                f"{missing_description(request.missing)} within {timeout:g} s "
-                f"(rank {self._rt.rank} is waiting; Config.timeout_s / RIPPLES_TIMEOUT_S)",
-                missing=request.missing or ())
-            if error.missing not in found:
-                try:  # members busy outside ripples may still call it
-                    self._rt.liveness.keep_waiting(error.missing, error)
-                    found[error.missing] = None
-                except RipplesTimeoutError as final:
-                    found[error.missing] = final
-            failure = found[error.missing]
-            if failure is None:
-                request.submitted = time.monotonic()
-            elif failure.finding:  # this request's own message, with what the check found
-                self._fail_unmatched([request], RipplesTimeoutError(
-                    f"{error}; {failure.finding}", missing=error.missing))
-            else:
-                self._fail_unmatched([request], error)
-
-    def _ring(self, group) -> Optional[PeerRing]:
-        """The point-to-point ring of ``group``, when groups all-reduce that way
-        (``Config.group_allreduce``); None for the world and for per-group communicators."""
-        rt = self._rt
-        if group == rt.world_group or not rt.config.ring_groups:
-            return None
-        config = rt.config
-        return PeerRing(rt.peers, group, rt.rank,
-                        lambda describe, missing: Deadline(
-                            config.timeout_s, config.stall_warning_s, describe,
-                            lambda: missing, rt.liveness))
-
-    def _execute(self, comm, group, active: int, requests: List[Request],
-                 ring: Optional[PeerRing] = None) -> None:
-        """Run agreed ``requests``: fused all-reduces over ``ring`` when given (host tensors),
-        everything else over ``comm``."""
-        def reduce(members: List[Request]) -> None:
-            carrier = comm if ring is None or _needs_communicator(members[0]) else ring
-            self._reduce_fused(carrier, group, active, members)
-
-        if len(requests) == 1 and requests[0].pair is not None:  # nothing to fuse with
-            self._perform(requests, group, lambda: reduce(requests))
-            return
-        threshold = max(1, self._rt.config.fusion_threshold_bytes)
-        i = 0
-        while i < len(requests):
-            first = requests[i]
-            if first.pair is None:
-                self._perform([first], group, lambda: first.run(comm, active))
-                i += 1
-                continue
-            j = i
-            while j < len(requests) and requests[j].fuse_key == first.fuse_key:
-                j += 1
-            for chunk in fusion_chunks([r.nbytes for r in requests[i:j]], threshold):
-                members = [requests[i + k] for k in chunk]
-                self._perform(members, group, lambda m=members: reduce(m))
-            i = j
-
-    def _perform(self, requests: List[Request], group, action: Callable[[], None]) -> None:
-        """Run the agreed data movement of ``requests``, record it on the timeline under
-        their names, and finish their handles (an error is kept for synchronize)."""
-        timeline = self._rt.timeline
-        start = timeline.now() if timeline.enabled else 0.0
-        error = None
-        try:
-            with self._rt.data_watch.phase(group, f"{requests[0].what} {requests[0].name!r}"):
-                action()
-        except BaseException as exc:
-            error = exc
-        if timeline.enabled:
-            timeline.complete(requests[0].what, "communication", start, timeline.now() - start,
-                              {"group": list(group), "names": [r.name for r in requests],
-                               "bytes": sum(r.nbytes for r in requests)})
-        self._finish(requests, error)
 
     def _fail_unmatched(self, requests: Sequence[Request], error: BaseException) -> None:
         """Fail requests whose collective never ran. An unnamed one gives its number back
@@ -370,83 +262,15 @@ class Engine:
     def join(self) -> int:
         """Horovod's ``join()`` on this rank: finish what is pending, then take part in the
         other ranks' all-reduces, all-gathers and broadcasts (neutral contributions) until
-        every rank has joined. Returns the rank that joined last. Unnamed collectives are
-        counted afresh afterwards, so uneven work before the join leaves no trace."""
-        rt = self._rt
+        every rank has joined (``JoinRounds``). Returns the rank that joined last. Unnamed
+        collectives are counted afresh afterwards, so uneven work before the join leaves
+        no trace."""
         self.drain()
-        if rt.size == 1:
-            return rt.rank
-        reducers = [r for r in list(rt.reducers) if rt.rank in r.group]
-        for reducer in reducers:  # planned all-reduces of the active ranks get our zeros
-            reducer.join_poll()
+        return self._joined.run()
 
-        steps_seen = 0
-
-        def idle() -> bool:
-            nonlocal steps_seen
-            ran = sum(reducer.join_poll() for reducer in reducers)
-            steps_seen += ran
-            return ran > 0
-
-        rt.liveness.enter()
-        try:
-            return self._join_until_all(reducers, idle, lambda: steps_seen)
-        finally:
-            rt.liveness.leave()
-
-    def _join_until_all(self, reducers, idle, steps_seen) -> int:
-        """The join rounds, until every rank has joined; returns the last to join."""
-        rt = self._rt
-        rounds = 0
-        while True:
-            with self._comm_lock:
-                record = Record(rt.world_group, False, rounds, False, [])
-                try:
-                    decision = negotiate(rt.ctl, record, "join", rt.liveness.check_after_s(),
-                                         rt.liveness.stall_s_now(), idle)
-                except RipplesTimeoutError as exc:  # ranks still training are waited for
-                    rt.liveness.keep_waiting(exc.missing, exc)
-                    continue
-                if decision.last_joined >= 0:
-                    for reducer in reducers:
-                        reducer.join_finish()
-                    # Planned steps ran outside these rounds: a rank that took part in
-                    # neither joined before someone else stopped training.
-                    fresh = rounds == 0 and steps_seen() == 0
-                    last = rt.ctl.allreduce(rt.rank if fresh else -1, op=MPI.MAX)
-                    if last >= 0:
-                        decision.last_joined = last
-                    # Ranks that joined early ran fewer unnamed collectives; every rank is
-                    # at this point together, so counting starts afresh everywhere.
-                    with self._lock:
-                        self._unnamed.clear()
-                    return decision.last_joined
-                self._take_part(decision.run)
-            rounds += 1
-
-    def _take_part(self, wires: List[Tuple[str, str]]) -> None:
-        """A joined rank's side of the collectives the active ranks agreed on."""
-        with self._rt.data_watch.phase(self._rt.world_group, "a collective (as a joined rank)"):
-            self._contribute(wires)
-
-    def _contribute(self, wires: List[Tuple[str, str]]) -> None:
-        comm = self._rt.world
-        threshold = max(1, self._rt.config.fusion_threshold_bytes)
-        i = 0
-        while i < len(wires):
-            kind = wires[i][1].split("|", 1)[0]
-            if kind != "allreduce":
-                self._participate[kind](comm, [wires[i][1]])
-                i += 1
-                continue
-            key = wires[i][1].split("|", 2)[1]
-            j = i
-            while j < len(wires) and wires[j][1].startswith(f"allreduce|{key}|"):
-                j += 1
-            run = [w for _, w in wires[i:j]]
-            for chunk in fusion_chunks([int(w.rsplit("|", 1)[1]) for w in run], threshold):
-                self._participate["allreduce"](comm, [run[k] for k in chunk])
-            i = j
+    def _restart_names(self) -> None:
+        with self._lock:
+            self._unnamed.clear()
 
     # ------------------------------------------------------------------ shutdown
 
@@ -487,29 +311,6 @@ class _WaitedHere:
 
     def __exit__(self, *exc_info) -> None:
         self._here.waiting = False
-
-
-def _needs_communicator(request: Request) -> bool:
-    """Whether ``request`` runs on the group's communicator even when groups all-reduce
-    over the ring: anything but an all-reduce, and device tensors (NCCL / CUDA-aware MPI)."""
-    return request.pair is None or request.pair[0].is_cuda
-
-
-def fusion_chunks(sizes: Sequence[int], threshold: int) -> List[List[int]]:
-    """Indices of consecutive items split into runs of at most ``threshold`` bytes (a bigger
-    item runs alone). Every rank, joined or not, computes the same runs from the sizes."""
-    chunks: List[List[int]] = []
-    current: List[int] = []
-    total = 0
-    for index, size in enumerate(sizes):
-        if current and total + size > threshold:
-            chunks.append(current)
-            current, total = [], 0
-        current.append(index)
-        total += size
-    if current:
-        chunks.append(current)
-    return chunks
 
 
 _MIN_PAUSE_S = 20e-6
