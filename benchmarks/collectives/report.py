@@ -40,7 +40,7 @@ def header_info(ctx: Context, load_before: Sequence[float]) -> dict:
             thp = f.read().strip()
     except OSError:
         thp = "unknown"
-    stamped = stamp.stamp(stamp.command_line(ranks=ctx.size))
+    stamped = stamp.stamp()
     return {
         "date": stamped["date"],
         "host": platform.node(), "machine": platform.machine(), "cores": os.cpu_count(),
