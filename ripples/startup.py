@@ -13,7 +13,7 @@ from typing import Optional
 from mpi4py import MPI
 
 from ripples import runtime as _runtime
-from ripples.comm import fail_fast, failures
+from ripples.comm import arrival, fail_fast, failures
 from ripples.comm.groups import CommunicatorCache
 from ripples.comm.nccl_watchdog import NcclWatchdog
 from ripples.core.config import Config
@@ -48,6 +48,7 @@ def init(comm: Optional[MPI.Comm] = None, config: Optional[Config] = None,
         fail_fast.install(MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(),
                           config.fault_tolerant)
     base = MPI.COMM_WORLD if comm is None else comm
+    arrival.wait_for_everyone(base, arrival.arrival_bound_s(config.stall_shutdown_s))
     ps_context = None
     if config.ps_servers:
         from ripples import ps
