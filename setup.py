@@ -1,5 +1,6 @@
 """Packaging for ripples. Nothing is compiled at install time: the CUDA kernels in csrc/
-are compiled at first use on a GPU machine (NVRTC through cupy).
+are compiled at first use on a GPU machine (NVRTC through cupy), the native lane
+(csrc/native_lane.c) at first use where an mpicc is found.
 
 The distribution is ``ripples-mpi`` (``ripples`` on PyPI is an unrelated project); the
 import name is ``ripples``. Keep NAME in ripples/core/distribution.py, which install hints use,
@@ -19,7 +20,9 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["ripples", "ripples.*"]),
     # ripples/kernels/csrc is a symlink to csrc/ in the checkout; wheels get real copies.
-    package_data={"ripples.kernels": ["csrc/*.cu", "csrc/*.cuh", "csrc/*.cpp"],
+    # csrc/native_lane.c is compiled at first use with the mpicc of the MPI mpi4py loads
+    # (python -m ripples.ops.native_lane builds it ahead); without one the Python path runs.
+    package_data={"ripples.kernels": ["csrc/*.cu", "csrc/*.cuh", "csrc/*.cpp", "csrc/*.c"],
                   # the learned CASP controller's weights (ripples/ps/learned_controller.py)
                   "ripples.ps": ["*.pt"]},
     include_package_data=True,

@@ -27,6 +27,7 @@ from ripples.ops.executor import Executor
 from ripples.ops.expiry import expire
 from ripples.ops.handles import Handle
 from ripples.ops.join_rounds import JoinRounds
+from ripples.ops.native_lane import Lanes
 from ripples.ops.request import Pair, Request, fusion_chunks, needs_communicator  # noqa: F401
 
 
@@ -48,7 +49,9 @@ class Engine:
         self._reduce_fused = reduce_fused  # (comm, group, active, requests) for one fused chunk
         # Looked up at each call, so that a test can replace the engine's data step.
         self._executor = Executor(runtime, lambda *args: self._reduce_fused(*args), self._finish)
-        self._joined = JoinRounds(runtime, participate, self._comm_lock, self._restart_names)
+        self.lanes = Lanes(runtime)  # the native lane's record rounds, per group
+        self._joined = JoinRounds(runtime, participate, self._comm_lock, self._restart_names,
+                                  self.lanes)
 
     # ------------------------------------------------------------------ submission
 
@@ -201,6 +204,7 @@ class Engine:
         what = batch[0].what
         start = rt.timeline.now() if rt.timeline.enabled else 0.0
         try:
+            self.lanes.settle(group)
             decision = negotiate(rt.ctl, record, what, rt.liveness.check_after_s(),
                                  rt.liveness.stall_s_now())
         except RipplesTimeoutError as exc:
@@ -220,6 +224,7 @@ class Engine:
             rt.timeline.complete("wait", "wait", start, rt.timeline.now() - start,
                                  {"group": list(group), "for": what,
                                   "names": len(decision.run)})
+        self.lanes.finish(group)
         if decision.create:
             comm = rt.cache.create(group)
         by_name = {r.name: r for r in batch}
@@ -227,6 +232,7 @@ class Engine:
             self._fail_unmatched([by_name[name]], error)
         agreed = [by_name[n] for n in decision.run]
         self._executor.execute(comm, group, decision.active, agreed, ring)
+        self.lanes.consider(group, agreed)
         progressed = bool(decision.run or decision.failed)
         if not progressed:
             expire(self._rt, batch, decision, self._fail_unmatched)
@@ -295,6 +301,7 @@ class Engine:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
+        self.lanes.close()
 
 
 class _WaitedHere:

@@ -23,15 +23,17 @@ class JoinRounds:
 
     ``participate[kind](comm, wires)`` takes part in one agreed collective of ``kind``
     (``"allreduce"`` gets one fused run). ``comm_lock`` is the engine's lock of the
-    control plane; ``restart_names()`` makes unnamed collectives count afresh.
+    control plane; ``restart_names()`` makes unnamed collectives count afresh; ``lanes``
+    (``native_lane.Lanes``) settles the world lane's record round before each round.
     """
 
     def __init__(self, runtime, participate: Dict[str, Callable], comm_lock: threading.Lock,
-                 restart_names: Callable[[], None]):
+                 restart_names: Callable[[], None], lanes):
         self._rt = runtime
         self._participate = participate
         self._comm_lock = comm_lock
         self._restart_names = restart_names
+        self._lanes = lanes  # the world's native lane, whose record rounds a joined rank joins
 
     def run(self) -> int:
         """Take part until every rank has joined; returns the rank that joined last. The
@@ -65,11 +67,13 @@ class JoinRounds:
             with self._comm_lock:
                 record = Record(rt.world_group, False, rounds, False, [])
                 try:
+                    self._lanes.settle(rt.world_group)
                     decision = negotiate(rt.ctl, record, "join", rt.liveness.check_after_s(),
                                          rt.liveness.stall_s_now(), idle)
                 except RipplesTimeoutError as exc:  # ranks still training are waited for
                     rt.liveness.keep_waiting(exc.missing, exc)
                     continue
+                self._lanes.finish(rt.world_group)
                 if decision.last_joined >= 0:
                     for reducer in reducers:
                         reducer.join_finish()

@@ -13,6 +13,7 @@ import torch
 from ripples import runtime as _runtime
 from ripples.comm.groups import normalize_group
 from ripples.ops.collectives import _allreduce_async, _check_tensor, _check_tensors, run_here
+from ripples.ops import native_lane
 from ripples.ops.handles import Handle
 from ripples.core.reduce_ops import ReduceOp, check_op
 
@@ -43,13 +44,28 @@ def grouped_partial_allreduce_async_(tensors: Sequence[torch.Tensor], group: Ite
 def grouped_partial_allreduce_(tensors: Sequence[torch.Tensor], group: Iterable[int],
                                op=ReduceOp.AVERAGE, name=None) -> Sequence[torch.Tensor]:
     """P-Reduce ``tensors`` in place over ``group`` (see ``grouped_partial_allreduce_async_``)."""
+    if type(tensors) in (list, tuple) and len(tensors) == 1:
+        partial_allreduce_(tensors[0], group, op, name)
+        return tensors
     return run_here(lambda: grouped_partial_allreduce_async_(tensors, group, op, name))
 
 
 def partial_allreduce_(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.AVERAGE,
                        name=None) -> torch.Tensor:
-    """P-Reduce ``tensor`` in place over ``group`` and return it (see the module doc)."""
-    grouped_partial_allreduce_([tensor], group, op, name)
+    """P-Reduce ``tensor`` in place over ``group`` and return it (see the module doc).
+    A call repeated with the same group and shape runs through the native lane when it can
+    (``ripples.ops.native_lane``)."""
+    if type(group) is not tuple or not isinstance(tensor, torch.Tensor):
+        run_here(lambda: grouped_partial_allreduce_async_([tensor], group, op, name))
+        return tensor
+    key = (WHAT, group, id(op), name, tensor.dtype, tensor.shape)
+    if native_lane.run_planned(key, tensor):
+        return tensor
+    run_here(lambda: grouped_partial_allreduce_async_([tensor], group, op, name))
+    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        rt = _runtime.current()
+        native_lane.register(key, tensor, normalize_group(group, rt.rank, rt.size), WHAT, name,
+                             op is ReduceOp.AVERAGE, holds=op)
     return tensor
 
 

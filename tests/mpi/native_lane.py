@@ -1,0 +1,141 @@
+"""The native lane under mpiexec (2+ ranks): same results as the Python path, few Python
+calls in the steady state, and the unusual cases (mismatch, join, busy members) still
+handled by the Python control plane. Run with the lane on (the default)."""
+import sys
+import time
+
+import pytest
+import torch
+
+import ripples.torch as hvd
+from ripples.core.errors import MismatchError
+from ripples.ops import native_lane
+from ripples.runtime import current
+
+MAX_PYTHON_CALLS = 10
+WARM_UP = 4
+
+
+def setup_module():
+    hvd.init()
+
+
+def built() -> bool:
+    return native_lane.enabled() and native_lane.library() is not None
+
+
+def python_calls(call) -> int:
+    """Python function calls made while ``call()`` runs on this thread."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event == "call":
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return count - 1  # the lambda itself
+
+
+def expected_mean(numel, dtype):
+    n = hvd.size()
+    return torch.full((numel,), sum(range(1, n + 1)) / n, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_repeated_allreduce_gives_the_python_result(dtype):
+    for _ in range(WARM_UP + 3):
+        x = torch.full((9000,), float(hvd.rank() + 1), dtype=dtype)
+        hvd.allreduce_(x)
+        assert torch.equal(x, expected_mean(9000, dtype))
+        y = torch.full((7,), float(hvd.rank() + 1), dtype=dtype)
+        hvd.allreduce_(y, op=hvd.Sum, name="summed")
+        assert torch.equal(y, torch.full((7,), float(sum(range(1, hvd.size() + 1))),
+                                         dtype=dtype))
+
+
+def test_steady_allreduce_makes_few_python_calls():
+    if not built():
+        pytest.skip(f"native lane: {native_lane.status()}")
+    x = torch.ones(9000)
+    for _ in range(WARM_UP):
+        hvd.allreduce_(x)
+    hvd.barrier()
+    calls = python_calls(lambda: hvd.allreduce_(x))
+    assert calls <= MAX_PYTHON_CALLS, calls
+    assert torch.equal(x, torch.ones(9000))
+
+
+def test_steady_partial_allreduce_makes_few_python_calls():
+    if not built():
+        pytest.skip(f"native lane: {native_lane.status()}")
+    group = (0, 1)
+    x = torch.full((9000,), float(hvd.rank()))
+    if hvd.rank() in group:
+        for _ in range(WARM_UP):
+            x.fill_(float(hvd.rank()))
+            hvd.partial_allreduce_(x, group)
+        x.fill_(float(hvd.rank()))
+        calls = python_calls(lambda: hvd.partial_allreduce_(x, group))
+        assert calls <= MAX_PYTHON_CALLS, calls
+        assert torch.equal(x, torch.full((9000,), 0.5))
+    hvd.barrier()
+
+
+def test_a_shape_mismatch_on_a_planned_call_raises_as_before():
+    x = torch.ones(64)
+    for _ in range(WARM_UP):
+        hvd.allreduce_(x, name="shaped")
+    other = torch.ones(64 if hvd.rank() == 0 else 65)
+    with pytest.raises(MismatchError, match="shaped"):
+        hvd.allreduce_(other, name="shaped")
+    hvd.allreduce_(x, name="shaped")  # the plan still serves the members afterwards
+    assert torch.equal(x, torch.ones(64))
+
+
+def test_a_name_mismatch_on_a_planned_call_raises_as_before():
+    x = torch.ones(64)
+    for _ in range(WARM_UP):
+        hvd.allreduce_(x, name="named")
+    with pytest.raises(MismatchError):
+        hvd.allreduce_(x, name="named" if hvd.rank() == 0 else "renamed")
+    hvd.allreduce_(x, name="named")
+    assert torch.equal(x, torch.ones(64))
+
+
+def test_a_member_busy_before_a_planned_call_is_waited_for():
+    x = torch.ones(16)
+    for _ in range(WARM_UP):
+        hvd.allreduce_(x, name="late")
+    if hvd.rank() == 1:
+        time.sleep(0.5)  # longer than the C wait: Python waits on the same round
+    x.fill_(float(hvd.rank() + 1))
+    hvd.allreduce_(x, name="late")
+    assert torch.equal(x, expected_mean(16, torch.float32))
+
+
+def test_other_collectives_between_planned_calls():
+    x = torch.ones(32)
+    for step in range(WARM_UP + 2):
+        hvd.allreduce_(x, name="between")
+        assert hvd.broadcast_object(step, root_rank=0) == step
+        y = hvd.allreduce(torch.ones(3), op=hvd.Sum)
+        assert torch.equal(y, torch.full((3,), float(hvd.size())))
+
+
+def test_join_with_a_planned_call():
+    x = torch.ones(128)
+    for _ in range(WARM_UP):
+        hvd.allreduce_(x, name="joined")
+    if hvd.rank() == 0:
+        x.fill_(3.0)
+        hvd.allreduce_(x, name="joined")  # rank(s) > 0 joined: average over rank 0 alone
+        assert torch.equal(x, torch.full((128,), 3.0))
+    last = hvd.join()
+    assert last == 0
+    hvd.allreduce_(x, name="joined")  # every rank is back
+    current().engine.drain()

@@ -1,0 +1,55 @@
+"""The native lane: its steady state under mpiexec, with the lane on and off, and its
+build and status without processes."""
+import os
+
+import pytest
+from mpi_launch import run_pytest_under_mpi
+
+from ripples.ops import native_lane
+
+
+def test_status_names_the_state(monkeypatch):
+    monkeypatch.setenv(native_lane.ENV, "0")
+    assert native_lane.status().startswith("off")
+    monkeypatch.setenv(native_lane.ENV, "1")
+    text = native_lane.status()
+    assert text.startswith("on") or text.startswith("unavailable"), text
+
+
+def test_builds_where_mpicc_is_found():
+    if native_lane.find_mpicc() is None:
+        pytest.skip("no mpicc here: the Python path runs every collective")
+    path = native_lane.build()
+    assert path.is_file() and os.path.getsize(path) > 0
+    assert native_lane.library() is not None
+
+
+def test_eligible_wire_texts():
+    good = "allreduce|allreduce:float32:Average:1.0:1.0:cpu|SUM|float32|10|40"
+    assert native_lane._eligible_wire(good)
+    assert native_lane._eligible_wire(good.replace("float32", "float64"))
+    assert not native_lane._eligible_wire(good.replace("Average", "Max"))
+    assert not native_lane._eligible_wire(good.replace(":1.0:cpu", ":2.0:cpu"))
+    assert not native_lane._eligible_wire(good.replace("float32", "int32"))
+    assert not native_lane._eligible_wire("broadcast|float32|10|0")
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_lane_on_under_mpi(nprocs):
+    run_pytest_under_mpi("native_lane.py", nprocs, timeout=240)
+
+
+def test_lane_off_under_mpi():
+    run_pytest_under_mpi("native_lane.py", 2, timeout=240, env={native_lane.ENV: "0"})
+
+
+def test_without_a_compiler_the_python_path_runs(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_lane, "find_mpicc", lambda: None)
+    monkeypatch.setattr(native_lane, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(native_lane, "_library", None)
+    monkeypatch.setattr(native_lane, "_library_error", None)
+    monkeypatch.setenv(native_lane.ENV, "1")
+    with pytest.raises(RuntimeError, match="mpicc"):
+        native_lane.build()
+    assert native_lane.library() is None
+    assert native_lane.status().startswith("unavailable")
