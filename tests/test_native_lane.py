@@ -5,7 +5,7 @@ import os
 import pytest
 from mpi_launch import run_pytest_under_mpi
 
-from ripples.ops import native_lane
+from ripples.ops import native_build, native_lane
 
 
 def test_status_names_the_state(monkeypatch):
@@ -17,11 +17,11 @@ def test_status_names_the_state(monkeypatch):
 
 
 def test_builds_where_mpicc_is_found():
-    if native_lane.find_mpicc() is None:
+    if native_build.find_mpicc() is None:
         pytest.skip("no mpicc here: the Python path runs every collective")
-    path = native_lane.build()
+    path = native_build.build()
     assert path.is_file() and os.path.getsize(path) > 0
-    assert native_lane.library() is not None
+    assert native_build.library() is not None
 
 
 def test_eligible_wire_texts():
@@ -44,12 +44,12 @@ def test_lane_off_under_mpi():
 
 
 def test_without_a_compiler_the_python_path_runs(monkeypatch, tmp_path):
-    monkeypatch.setattr(native_lane, "find_mpicc", lambda: None)
-    monkeypatch.setattr(native_lane, "cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(native_lane, "_library", None)
-    monkeypatch.setattr(native_lane, "_library_error", None)
+    monkeypatch.setattr(native_build, "find_mpicc", lambda: None)
+    monkeypatch.setattr(native_build, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(native_build, "_library", None)
+    monkeypatch.setattr(native_build, "_library_error", None)
     monkeypatch.setenv(native_lane.ENV, "1")
     with pytest.raises(RuntimeError, match="mpicc"):
-        native_lane.build()
-    assert native_lane.library() is None
+        native_build.build()
+    assert native_build.library() is None
     assert native_lane.status().startswith("unavailable")

