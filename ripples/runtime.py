@@ -95,7 +95,8 @@ class Runtime:
         self.data_watch = DataPhaseWatch(self.rank, self.config.timeout_s,
                                          self.config.stall_warning_s, self.liveness.probe,
                                          self.config.fault_tolerant,
-                                         enabled=self.liveness.answering)
+                                         enabled=self.liveness.answering,
+                                         name_hosts=self.liveness.on_hosts)
         self.local = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = self.local.Get_rank()
         self.local_size = self.local.Get_size()

@@ -34,17 +34,21 @@ class DataPhaseWatch:
     """Watches this rank's data phases (``phase``) against the members' liveness.
 
     ``probe(peers)``: the liveness question (None for a peer that did not answer);
+    ``name_hosts(ranks)``: where those ranks run, as text appended to their list;
     ``enabled``: whether the peers answer such questions at all (else nothing is watched);
     ``abort``: ends the job (MPI_Abort by default), called with the message.
     """
 
     def __init__(self, rank: int, timeout_s: float, stall_s: float,
                  probe: Callable[[Sequence[int]], Dict[int, object]], fault_tolerant: bool,
-                 enabled: bool = True, abort: Optional[Callable[[str], None]] = None):
+                 enabled: bool = True,
+                 name_hosts: Callable[[Sequence[int]], str] = lambda ranks: "",
+                 abort: Optional[Callable[[str], None]] = None):
         self.rank, self.timeout_s, self.stall_s = rank, timeout_s, stall_s
         self.enabled = enabled
         self.fault_tolerant = fault_tolerant
         self._probe = probe
+        self._name_hosts = name_hosts
         self._abort = abort or _abort_job
         self._phases: Dict[int, Tuple[float, Tuple[int, ...], str]] = {}
         self._lock = threading.Lock()
@@ -93,7 +97,8 @@ class DataPhaseWatch:
                 log.warning("%s: rank %d has been in its data phase for %.0f s; every member "
                             "answers, so it keeps waiting", what, self.rank, waited_s)
             return
-        message = (f"{what}: rank(s) {silent} did not answer a liveness check while rank "
+        message = (f"{what}: rank(s) {silent}{self._name_hosts(silent)} did not answer a "
+                   f"liveness check while rank "
                    f"{self.rank} waited {waited_s:.0f} s in the data phase (after the members "
                    "agreed): they have died or are frozen")
         if self.fault_tolerant:

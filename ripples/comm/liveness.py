@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence
@@ -127,6 +128,8 @@ class Liveness:
         self.timeout_s, self.stall_s, self.enabled = timeout_s, stall_s, enabled
         self.stall_shutdown_s = stall_shutdown_s
         self._main_thread = MainThreadWatch()
+        # Each rank's host, to name where silent peers run (collective over ``comm``).
+        self.hosts: List[str] = comm.allgather(socket.gethostname())
         self._depth = 0
         self._inside_since = 0.0
         self._justified_at: Optional[float] = None
@@ -209,7 +212,8 @@ class Liveness:
                      "not slow (blocked in a call that waits for this rank?); "
                      "RIPPLES_STALL_SHUTDOWN_S=0 waits for it however long")
         elif verdict.dead:
-            found = (f"rank(s) {verdict.dead} did not answer a liveness check within "
+            found = (f"rank(s) {verdict.dead}{self.on_hosts(verdict.dead)} did not answer "
+                     "a liveness check within "
                      f"{answer_wait_s(self.timeout_s):g} s: they have likely died, or shut "
                      "ripples down")
         else:
@@ -282,6 +286,10 @@ class Liveness:
                                               dest=source, tag=_PONG))
             except MPI.Exception:  # a peer died mid-message: the others still get answers
                 self._closing.wait(_RESPONDER_NAP_S)
+
+    def on_hosts(self, ranks: Sequence[int]) -> str:
+        """`` (on h2, h3)``: the hosts of world ``ranks``, to name a lost host."""
+        return f" (on {', '.join(sorted({self.hosts[r] for r in ranks}))})"
 
     @property
     def answering(self) -> bool:
