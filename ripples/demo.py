@@ -23,6 +23,7 @@ import torch
 
 import ripples.torch as hvd
 from ripples.core.config import Config
+from ripples.core.distribution import pip_install
 from ripples.observe.progress import progress_bar
 
 
@@ -38,11 +39,20 @@ class Dataset:
         return int(max(self.y_train.max(), self.y_test.max())) + 1
 
 
+def _demo_dependency(module: str, package: str):
+    """Import ``module`` of the demo's extra, or raise ImportError saying how to install it."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"the demo needs {package}: {pip_install('demo')}") from exc
+
+
 def load_data(path: Optional[str] = None, test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     """Digits (bundled with scikit-learn) or an ``.npz`` file with ``x`` (samples first) and
     integer labels ``y``. Raises ValueError naming the file and the problem."""
     if path is None:
-        from sklearn.datasets import load_digits
+        load_digits = _demo_dependency("sklearn.datasets", "scikit-learn").load_digits
         bundle = load_digits()
         x, y = bundle.data / 16.0, bundle.target
     else:
@@ -178,8 +188,7 @@ def format_table(results: List[ModeResult], target: float) -> str:
 
 
 def save_plot(results: List[ModeResult], path: str, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
+    _demo_dependency("matplotlib", "matplotlib").use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:

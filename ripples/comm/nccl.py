@@ -22,7 +22,7 @@ def _import_nccl():
         from cupy.cuda import nccl
     except ImportError as exc:
         raise RuntimeError("the NCCL backend needs cupy built with NCCL "
-                           f"(pip install 'ripples[gpu]'): {exc}") from exc
+                           f"(pip install 'ripples-mpi[gpu]'): {exc}") from exc
     if not getattr(nccl, "available", True):
         raise RuntimeError("cupy is installed without NCCL support; install a cupy-cuda* "
                            "wheel that bundles NCCL")

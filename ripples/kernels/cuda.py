@@ -31,7 +31,7 @@ def _import_cupy():
     try:
         import cupy
     except ImportError as exc:
-        raise RuntimeError("ripples' CUDA kernels need cupy (pip install 'ripples[gpu]' or "
+        raise RuntimeError("ripples' CUDA kernels need cupy (pip install 'ripples-mpi[gpu]' or "
                            f"the cupy-cuda* wheel matching your CUDA): {exc}") from exc
     return cupy
 
