@@ -34,7 +34,8 @@ def test_a_member_frozen_in_the_data_phase_is_named_and_the_job_ends():
     ended = time.time()
     frozen = float(re.search(r"FREEZING at ([\d.]+)", result.stdout).group(1))
     assert result.returncode != 0 and "FINISHED" not in result.stdout, result.stdout
-    assert "rank(s) [1] did not answer a liveness check" in result.stdout, result.stdout
+    assert "rank(s) [1] (on " in result.stdout and "did not answer a liveness check" in \
+        result.stdout, result.stdout
     assert "in the data phase" in result.stdout and "'gradients'" in result.stdout
     # the timeout, the answer bound, the watch's period, and the launcher's teardown
     assert ended - frozen < 15, (ended - frozen, result.stdout)

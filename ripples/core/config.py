@@ -17,7 +17,8 @@ from typing import Any, Mapping, Optional
 ENV_PREFIX = "RIPPLES_"
 # Variables read by the test suite, not by the library.
 _NON_CONFIG_NAMES = {"RIPPLES_TEST_GPU", "RIPPLES_TEST_MPIEXEC", "RIPPLES_LONG_TESTS",
-                     "RIPPLES_FUZZ_CASES", "RIPPLES_STRESS_ROUNDS", "RIPPLES_LONG_LIVENESS"}
+                     "RIPPLES_FUZZ_CASES", "RIPPLES_STRESS_ROUNDS", "RIPPLES_LONG_LIVENESS",
+                     "RIPPLES_FAILURE_CASES", "RIPPLES_TEST_NATIVE_LANE"}
 # Horovod's variables with the same meaning, so `HOROVOD_TIMELINE=t.json mpiexec ...` keeps
 # working after a script switches to ripples.
 HOROVOD_NAMES = {
@@ -56,6 +57,11 @@ class Config:
         wait for it; under ``fault_tolerant`` the rank leaves as a dead rank and the
         survivors go on. False: the rank exits normally and the others wait for it until
         their ``timeout_s`` (the behaviour of a plain mpi4py script).
+    native_lane: a repeated all-reduce or P-Reduce of one host float tensor (same group,
+        shape, dtype and op as before) runs as one call into native code
+        (``ripples.ops.native_lane``), which checks that every member makes the same call
+        and falls back to the Python path otherwise. False: always the Python path. Every
+        rank must use the same setting.
     fault_tolerant: survive dead ranks (decentralized and elastic modes): a process
         failure revokes ripples' communicators, the survivors shrink the world and go on
         (``ripples.comm.failures``, ``ripples.torch.elastic``). Needs Open MPI's ULFM
@@ -109,6 +115,7 @@ class Config:
     wait_for_busy_peers: bool = True
     stall_shutdown_s: float = 300.0
     abort_on_exception: bool = True
+    native_lane: bool = True
     fault_tolerant: bool = False
     group_allreduce: str = "auto"
     cache_capacity: int = 64

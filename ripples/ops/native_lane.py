@@ -32,7 +32,6 @@ equal on all ranks. Where the library cannot be built, the Python path runs ever
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 import zlib
@@ -43,6 +42,7 @@ from mpi4py import MPI
 
 from ripples import runtime as _runtime
 from ripples.comm.mpi import Deadline, poll_until
+from ripples.core.config import Config
 from ripples.core.errors import RipplesError
 from ripples.ops import native_build
 from ripples.ops.native_build import build, library
@@ -59,14 +59,10 @@ _LISTEN_S = 0.2        # how long a member giving up listens for the others' wor
 _TAG_WAITING = 91
 
 
-def enabled() -> bool:
-    """Whether the lane may be used (``RIPPLES_NATIVE_LANE``, "0" turns it off)."""
-    return os.environ.get(ENV, "1").strip() != "0"
-
-
-def status() -> str:
-    """One line for ``ripples info``: whether the lane is on, built, and why not."""
-    if not enabled():
+def status(config: Optional[Config] = None) -> str:
+    """One line for ``ripples info``: whether the lane is on, built, and why not
+    (``config``: default ``Config.load()``)."""
+    if not (config or Config.load()).native_lane:
         return f"off ({ENV}=0)"
     lib = library()
     if lib is None:
@@ -160,7 +156,7 @@ class Lanes:
         self._by_group: Dict[tuple, Lane] = {}
         self._seen: Dict[tuple, int] = {}
         self._generation = runtime.generation
-        self.on = enabled()
+        self.on = runtime.config.native_lane
         self.paused = False  # see pause()
 
     def get(self, group) -> Optional[Lane]:

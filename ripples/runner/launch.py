@@ -28,23 +28,18 @@ more ranks than slots (cores, ``-H`` slots or hostfile slots) are asked for it a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import os
 import re
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ripples
-from ripples.runner import elastic_restart
+from ripples.runner import elastic_restart, job_process
 from ripples.core import distribution
 from ripples.comm import failures
 from ripples.core.config import LOG_LEVELS
@@ -55,10 +50,6 @@ __all__ = ["main", "parse_args", "build_command", "oversubscription_warning", "f
 
 # Exit status when no mpiexec can be found (the shell's "command not found").
 EXIT_NO_MPIEXEC = 127
-EXIT_HOST_LOST = 1
-EXIT_ABORT_STUCK = 1
-# How long mpiexec may take to stop every rank after one called MPI_Abort.
-ABORT_GRACE_S = 10.0
 
 
 def find_mpiexec() -> Optional[str]:
@@ -407,104 +398,6 @@ def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpie
     return argv, env
 
 
-def _run(argv: List[str], env: Dict[str, str]) -> int:
-    """Run the job; Ctrl-C is forwarded to mpiexec, which stops the ranks.
-
-    mpiexec's error output passes through a watcher (``LostHostWatcher``): Open MPI ends a
-    job whose host was lost (killed, powered off) with exit status 0, which would tell a
-    scheduler the job succeeded; and after an ``MPI_Abort`` it may wait for good to reach
-    the processes of a host that was cut off, so mpiexec is stopped ``ABORT_GRACE_S``
-    after an abort."""
-    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
-    watcher = LostHostWatcher(proc.stderr, sys.stderr.buffer)
-    watcher.start()
-    while True:
-        try:
-            code = proc.wait(timeout=watcher.give_up_in())
-            break
-        except subprocess.TimeoutExpired:
-            if not watcher.overdue():
-                continue
-            # A rank aborted the job, and mpiexec still waits for a host it cannot reach.
-            print(f"ripplesrun: error: mpiexec did not end within {ABORT_GRACE_S:g} s of "
-                  "MPI_Abort (a host cut off?): stopping it", file=sys.stderr, flush=True)
-            for pid in [*_descendants(proc.pid), proc.pid]:  # its remote shells too
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            code = proc.wait()
-            watcher.join(timeout=5)
-            return EXIT_ABORT_STUCK
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
-    watcher.join()
-    if code == 0 and watcher.lost:
-        print(f"ripplesrun: error: the job was terminated because host(s) "
-              f"{', '.join(watcher.lost)} were lost (Open MPI lost its daemon there: killed, "
-              f"down or cut off); exit status {EXIT_HOST_LOST}", file=sys.stderr, flush=True)
-        return EXIT_HOST_LOST
-    # A job killed by a signal reports -SIG; shells report 128 + SIG.
-    return 128 - code if code < 0 else code
-
-
-def _descendants(pid: int) -> List[int]:
-    """The processes below ``pid`` (Linux ``/proc``; empty elsewhere)."""
-    children: Dict[int, List[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
-class LostHostWatcher(threading.Thread):
-    """Copies mpiexec's error output unchanged to ``sink`` as it comes (a progress bar's
-    carriage returns included) and collects the hosts whose daemon Open MPI reports lost
-    (``lost``)."""
-
-    _LOST = re.compile(rb"lost communication with a remote daemon.*?Remote daemon:\s*\S+ "
-                       rb"on node (\S+)", re.S)
-
-    _ABORT = b"MPI_ABORT was invoked"
-
-    def __init__(self, source, sink):
-        super().__init__(name="ripplesrun-stderr", daemon=True)
-        self._source, self._sink = source, sink
-        self.lost: List[str] = []
-        self.aborted_at: Optional[float] = None
-
-    def give_up_in(self) -> float:
-        """How long to wait for mpiexec before looking at ``overdue`` again."""
-        if self.aborted_at is None:
-            return 1.0
-        return max(0.05, self.aborted_at + ABORT_GRACE_S - time.monotonic())
-
-    def overdue(self) -> bool:
-        """Whether a rank aborted the job over ``ABORT_GRACE_S`` ago."""
-        return (self.aborted_at is not None
-                and time.monotonic() >= self.aborted_at + ABORT_GRACE_S)
-
-    def run(self) -> None:
-        recent = b""  # enough of the latest output to hold one report split across reads
-        while True:
-            chunk = os.read(self._source.fileno(), 65536)
-            if not chunk:
-                break
-            self._sink.write(chunk)
-            self._sink.flush()
-            recent = (recent + chunk)[-8192:]
-            if self.aborted_at is None and self._ABORT in recent:
-                self.aborted_at = time.monotonic()
-            for match in self._LOST.finditer(recent):
-                host = match.group(1).decode(errors="replace")
-                if host not in self.lost:
-                    self.lost.append(host)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ripplesrun``: parse, print the mpiexec line, run it, return its status."""
     args = parse_args(argv)
@@ -534,7 +427,7 @@ def _launch(args: argparse.Namespace, mpiexec: str) -> int:
     command, env = build_command(args, cpu_count, mpiexec)
     print(f"ripplesrun: {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
-        return _run(command, env)
+        return job_process.run_job(command, env)
     except OSError as err:
         print(f"ripplesrun: error: cannot start {mpiexec}: {err}", file=sys.stderr)
         return EXIT_NO_MPIEXEC

@@ -23,7 +23,7 @@ def setup_module():
 
 def built() -> bool:
     """Whether the lane runs here; where CI sets RIPPLES_TEST_NATIVE_LANE=1 it must."""
-    ok = native_lane.enabled() and native_lane.library() is not None
+    ok = current().config.native_lane and native_lane.library() is not None
     if not ok and os.environ.get("RIPPLES_TEST_NATIVE_LANE") == "1":
         pytest.fail(f"RIPPLES_TEST_NATIVE_LANE=1 but the native lane: {native_lane.status()}")
     return ok
