@@ -33,7 +33,7 @@ setup(
         "gpu": ["cupy-cuda12x"],
         # The demo's data (scikit-learn's bundled digits) and plots.
         "demo": DEMO,
-        "test": ["pytest>=7", *DEMO],
+        "test": ["pytest>=7", "pytest-xdist>=3", *DEMO],
         # The documentation site (mkdocs.yml, docs/): mkdocs build --strict.
         "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.26"],
     },
