@@ -86,5 +86,7 @@ def run_pytest_under_mpi(module: str, nprocs: int, timeout: float = 180, extra_a
                          env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the pytest module ``tests/mpi/<module>`` on every rank of an ``nprocs`` job."""
     path = TESTS_DIR / "mpi" / module
+    # "-n 0": one process per rank, whatever pytest.ini's addopts ask of the outer session.
     return run_mpi([sys.executable, "-m", "pytest", "-q", "-x", "--color=no", "-p", "no:cacheprovider",
-                    "-p", "no:randomly", str(path), *extra_args], nprocs, timeout=timeout, env=env)
+                    "-p", "no:randomly", "-n", "0", str(path), *extra_args], nprocs,
+                   timeout=timeout, env=env)
