@@ -53,7 +53,7 @@ def run_job(argv: List[str], env: Dict[str, str]) -> int:
             return EXIT_ABORT_STUCK
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
-    watcher.join()
+    watcher.join(timeout=5)  # a shell left on a lost host may hold the pipe open
     if code == 0 and watcher.lost:
         print(f"ripplesrun: error: the job was terminated because host(s) "
               f"{', '.join(watcher.lost)} were lost (Open MPI lost its daemon there: killed, "
