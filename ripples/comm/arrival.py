@@ -9,13 +9,13 @@ dataset loaded before ``init()``), hence a generous bound, never below
 """
 from __future__ import annotations
 
-import sys
 import time
 
 from mpi4py import MPI
 
+from ripples.comm import fail_fast
+
 MIN_ARRIVAL_S = 60.0
-EXIT_STATUS = 1
 
 
 def arrival_bound_s(stall_shutdown_s: float) -> float:
@@ -35,10 +35,10 @@ def wait_for_everyone(comm: MPI.Comm, bound_s: float) -> None:
     while not request.Test():
         waited = time.monotonic() - start
         if waited > bound_s:
-            print(f"ripples: rank {comm.Get_rank()} waited {waited:.0f} s in init() for the "
-                  "other ranks to call init() too: some rank died, froze or never calls it "
-                  "(Config.stall_shutdown_s bounds this wait, at least "
-                  f"{MIN_ARRIVAL_S:g} s); ending the job", file=sys.stderr, flush=True)
-            comm.Abort(EXIT_STATUS)
+            fail_fast.end_job(
+                f"rank {comm.Get_rank()} waited {waited:.0f} s in init() for the other ranks "
+                "to call init() too: some rank died, froze or never calls it "
+                f"(Config.stall_shutdown_s bounds this wait, at least {MIN_ARRIVAL_S:g} s); "
+                "ending the job")
         time.sleep(pause)
         pause = min(0.01, pause * 2)

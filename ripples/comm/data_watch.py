@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import threading
 import time
 from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
-from mpi4py import MPI
+from ripples.comm import fail_fast
 
 log = logging.getLogger("ripples")
-
-EXIT_STATUS = 1
-
 
 class DataPhaseWatch:
     """Watches this rank's data phases (``phase``) against the members' liveness.
@@ -49,7 +45,7 @@ class DataPhaseWatch:
         self.fault_tolerant = fault_tolerant
         self._probe = probe
         self._name_hosts = name_hosts
-        self._abort = abort or _abort_job
+        self._abort = abort or fail_fast.end_job
         self._phases: Dict[int, Tuple[float, Tuple[int, ...], str]] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -114,7 +110,3 @@ class DataPhaseWatch:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
-
-def _abort_job(message: str) -> None:
-    print(f"ripples: {message}", file=sys.stderr, flush=True)
-    MPI.COMM_WORLD.Abort(EXIT_STATUS)

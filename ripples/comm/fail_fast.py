@@ -48,14 +48,26 @@ def leave(rank: int, kind: type, fault_tolerant: bool) -> None:
     alone so that the survivors recover."""
     action = ("leaves the job as a dead rank (fault tolerant: the others go on)"
               if fault_tolerant else "aborts the job (MPI_Abort) so that no rank waits for it")
-    print(f"ripples: rank {rank} raised an uncaught {kind.__name__} and {action}; "
-          "RIPPLES_ABORT_ON_EXCEPTION=0 lets it exit normally instead", file=sys.stderr)
+    message = (f"rank {rank} raised an uncaught {kind.__name__} and {action}; "
+               "RIPPLES_ABORT_ON_EXCEPTION=0 lets it exit normally instead")
+    if fault_tolerant:
+        _say(message)
+        os._exit(EXIT_STATUS)
+    end_job(message)
+
+
+def end_job(message: str) -> None:
+    """Print ``ripples: message`` and end the whole job (``MPI_Abort``): what every bound
+    does that finds a wait which cannot end otherwise."""
+    _say(message)
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.COMM_WORLD.Abort(EXIT_STATUS)
+
+
+def _say(message: str) -> None:
+    print(f"ripples: {message}", file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    if fault_tolerant:
-        os._exit(EXIT_STATUS)
-    if MPI.Is_initialized() and not MPI.Is_finalized():
-        MPI.COMM_WORLD.Abort(EXIT_STATUS)
