@@ -194,7 +194,8 @@ def judge(records: Dict[int, Record], what: str) -> Dict[int, tuple]:
             kind = signatures[active[0]].split(" ", 1)[0]
             failed[name] = ("mismatch", f"{kind} {name!r} on group {group} while rank(s) "
                             f"{sorted(joined)} have joined: after join() only allreduce, "
-                            "allgather and broadcast may run until every rank has joined")
+                            "allgather and broadcast may run until every rank has joined (only "
+                            "allreduce with Config.horovod_join)")
         else:
             run.append(name)
     missing: Dict[str, List[int]] = {}

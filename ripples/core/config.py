@@ -73,6 +73,11 @@ class Config:
         ``"auto"``: the ring under ``fault_tolerant`` (a group communicator being made
         cannot be revoked, so a death then could hang the survivors), else a communicator.
         Every rank must use the same setting (``init()`` checks).
+    horovod_join: ``join()`` exactly as Horovod's. Once a rank has joined, an all-gather
+        or broadcast on the other ranks raises ``MismatchError`` (a ``RuntimeError``)
+        instead of running without it, and an Average all-reduce (gradient buckets
+        included) divides by every member of its process set, the joined ones counting as
+        zeros, instead of by the members still active. Every rank must use the same setting.
     cache_capacity: group communicators kept per rank (least recently used is freed).
     fusion_threshold_bytes: consecutive agreed all-reduces are fused into buffers up to
         this size.
@@ -118,6 +123,7 @@ class Config:
     native_lane: bool = True
     fault_tolerant: bool = False
     group_allreduce: str = "auto"
+    horovod_join: bool = False
     cache_capacity: int = 64
     fusion_threshold_bytes: int = 64 * 1024 * 1024
     bucket_bytes: int = 25 * 1024 * 1024

@@ -36,6 +36,8 @@ def broadcast_async_(tensor, root_rank: int, name=None,
 
     sig = f"broadcast root={root_rank} dtype={tensor.dtype} shape={tuple(tensor.shape)}"
     wire = f"broadcast|{str(tensor.dtype)[6:]}|{tensor.numel()}|{root}"
+    if rt.config.horovod_join:  # an empty wire: refused after a join
+        wire = ""
     return _submit_runs("broadcast", process_set, name, [sig], [run], [wire],
                         Handle("broadcast", tensor))
 

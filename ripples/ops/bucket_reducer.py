@@ -229,7 +229,8 @@ class BucketReducer:
                 f"{self.what} on group {self.group}: members are at different steps or plans "
                 f"(rank {self._rt.rank} is at step {self.epoch}); every member must call "
                 "step()/synchronize() the same number of times on the same model")
-        self._active = agreement.active
+        # Horovod's join: the joined members count in an Average (as zeros).
+        self._active = len(self.group) if self._rt.config.horovod_join else agreement.active
 
     def _absent_members(self) -> List[int]:
         """On the slow path only: the members that did not reach this step. Every member

@@ -32,7 +32,7 @@ from ripples.ops.broadcasts import (allgather_object, barrier, broadcast, broadc
                                     broadcast_object)
 from ripples.ops.gathers import (allgather, allgather_as_joined, allgather_async,  # noqa
                                  alltoall, alltoall_async, grouped_allgather,
-                                 grouped_allgather_async)
+                                 grouped_allgather_async, start_allgathers)
 from ripples.ops.reducescatter import (grouped_reducescatter,  # noqa
                                        grouped_reducescatter_async, reducescatter,
                                        reducescatter_async)
@@ -145,10 +145,21 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
                                 process_set))])[0]
 
 
-def sparse_allreduce_async(tensor, name=None, op=None, process_set=global_process_set) -> Handle:
+class SparseHandle(Handle):
+    """The handle of ``sparse_allreduce_async``: ``synchronize(handle)`` or, as Horovod's
+    sparse handle is a function, ``handle()`` waits and returns the sparse result."""
+
+    __slots__ = ()
+
+    def __call__(self) -> torch.Tensor:
+        return synchronize(self)
+
+
+def sparse_allreduce_async(tensor, name=None, op=None,
+                           process_set=global_process_set) -> SparseHandle:
     """Start an all-reduce of a sparse COO tensor, as Horovod does: every member's indices
-    and values are all-gathered, and ``synchronize`` returns the sparse sum (divided by the
-    number of members for Average; op must be Average or Sum)."""
+    and values are all-gathered, and ``synchronize(handle)`` (or ``handle()``) returns the
+    sparse sum (divided by the number of members for Average; op must be Average or Sum)."""
     tensor = _check_tensor(tensor)
     if not tensor.is_sparse:
         raise ValueError("sparse_allreduce_async takes a sparse COO tensor; use allreduce_async "
@@ -167,6 +178,6 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=global_proces
         return torch.sparse_coo_tensor(gathered[0].t(), values, size, check_invariants=False)
 
     name = name if name is not None else rt.engine.auto_name(group, "sparse_allreduce")
-    handle = grouped_allgather_async(parts, name=name, process_set=process_set)
+    handle = start_allgathers(parts, name, process_set, SparseHandle)
     handle.finalize = assemble
     return handle

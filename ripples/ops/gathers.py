@@ -11,6 +11,7 @@ from typing import List, Sequence
 import numpy as np
 import torch
 
+from ripples import runtime as _runtime
 from ripples.comm.mpi import as_buffer
 from ripples.ops.handles import Handle
 from ripples.ops.process_sets import global_process_set
@@ -49,14 +50,21 @@ def _allgather_run(tensor, handle, index):
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
     """Start all-gathers of ``tensors`` (each along dimension 0, which may differ per
     member); ``synchronize`` returns the list of gathered tensors."""
+    return start_allgathers(tensors, name, process_set, Handle)
+
+
+def start_allgathers(tensors, name, process_set, handle_type) -> Handle:
+    """``grouped_allgather_async`` with a handle of ``handle_type`` (a ``Handle`` class)."""
     tensors = _check_tensors(tensors)
     for i, tensor in enumerate(tensors):
         if tensor.dim() == 0:
             raise ValueError(f"allgather needs tensors with at least one dimension; tensors[{i}] "
                              "is a scalar: use tensor.reshape(1)")
-    handle = Handle("allgather", [None] * len(tensors), parts=len(tensors))
+    handle = handle_type("allgather", [None] * len(tensors), parts=len(tensors))
     sigs = [f"allgather dtype={t.dtype} row={tuple(t.shape[1:])}" for t in tensors]
     wires = [f"allgather|{str(t.dtype)[6:]}|{list(t.shape[1:])}" for t in tensors]
+    if _runtime.current().config.horovod_join:  # an empty wire: refused after a join
+        wires = [""] * len(wires)
     runs = [_allgather_run(t, handle, i) for i, t in enumerate(tensors)]
     return _submit_runs("allgather", process_set, name, sigs, runs, wires, handle)
 

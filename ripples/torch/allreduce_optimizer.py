@@ -144,6 +144,13 @@ class AllreduceOptimizer(WrappedOptimizer):
         self._plan()
         self._runtime.rebuild_hooks.append(self._new_world)
 
+    @property
+    def _parameter_names(self) -> Dict[torch.Tensor, str]:
+        """Horovod's map of every parameter this optimizer serves to the name its
+        gradient is all-reduced under (``allreduce.noname.<group>.<index>`` unless
+        ``named_parameters`` named it)."""
+        return {p: name for name, p in self._trainable + self._frozen}
+
     def _plan(self) -> None:
         """Split the trainable parameters between buckets and by-name all-reduces.
         Collective over the process set when any parameter is bucketed."""

@@ -32,10 +32,22 @@ def broadcast_parameters(params, root_rank: int) -> None:
 
 
 def broadcast_optimizer_state(optimizer, root_rank: int) -> None:
-    """Give every rank the optimizer state (momentum, step counts) of ``root_rank``."""
+    """Give every rank the optimizer state (momentum, step counts) of ``root_rank``.
+
+    While the root's optimizer has no state yet (no step taken), every parameter that
+    requires a gradient and has none gets a zero gradient, as Horovod leaves them; frozen
+    parameters keep ``grad`` None. Horovod also takes an optimizer step on those zero
+    gradients to create the state; ripples does not (it would apply weight decay to the
+    parameters), and the state stays empty until the first real step.
+    """
     inner = getattr(optimizer, "optimizer", optimizer)
     state = broadcast_object(inner.state_dict(), root_rank)
     inner.load_state_dict(state)
+    if not state["state"]:
+        for group in inner.param_groups:
+            for param in group["params"]:
+                if param.requires_grad and param.grad is None:
+                    param.grad = torch.zeros_like(param)
 
 
 def average_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -38,6 +38,8 @@ def _records(tensors) -> bool:
         return False
     if isinstance(tensors, torch.Tensor):
         return tensors.requires_grad
+    if not isinstance(tensors, (list, tuple)):
+        return False  # not a tensor (None...): the plain collective names what is wrong
     return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
