@@ -21,27 +21,32 @@ cut and the score, see ``casp_scoring``):
 - *Learned* (``count == "learned"``): the count comes from the actor-critic of
   ``learned_controller.py`` and the communities from sort-and-cut; like ``"auto"``, the
   first plan is one community.
+- *Progress* (``count == "progress"``): the count comes from measured loss decrease per
+  second (``casp_progress``: explore ASP, the projection's count and BSP, then commit);
+  the first plan is one community per worker, and the communities from sort-and-cut.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .casp_scoring import (DEFAULT_TRAFFIC_PENALTY, EMA_ALPHA, LEARNED, Communities, choose,
-                           contiguous, ema, from_labels, labels, normalize, projected_score,
-                           sort_and_cut)
+from . import casp_progress
+from .casp_scoring import (DEFAULT_TRAFFIC_PENALTY, EMA_ALPHA, LEARNED, PROGRESS, Communities,
+                           choose, contiguous, ema, from_labels, labels, normalize,
+                           projected_score, sort_and_cut)
 
 __all__ = ["Communities", "Controller", "DEFAULT_TRAFFIC_PENALTY", "EMA_ALPHA", "LEARNED",
-           "choose", "contiguous", "ema", "from_labels", "labels", "normalize", "observe",
-           "projected_score", "regroup", "sort_and_cut"]
+           "PROGRESS", "choose", "contiguous", "ema", "from_labels", "labels", "normalize",
+           "observe", "projected_score", "regroup", "sort_and_cut"]
 
 
 @dataclasses.dataclass
 class Controller:
     """Where the community controller stands (kept by server 0).
 
-    ``count``: a fixed number of communities, None to choose it (``"auto"``) or
-    ``"learned"`` to let the learned policy choose it (kept in ``learned``);
+    ``count``: a fixed number of communities, None to choose it (``"auto"``),
+    ``"learned"`` to let the learned policy choose it (kept in ``learned``) or
+    ``"progress"`` to choose it from measured loss decrease (kept in ``progress``);
     ``plan``/``version``: the communities workers must use, numbered from 0;
     ``rounds``: pushes per community under the current plan; ``times``: the EMA of each
     worker's compute time per step, as its community's leader reported it.
@@ -57,32 +62,46 @@ class Controller:
     times: Dict[int, float] = dataclasses.field(default_factory=dict)
     history: List[Tuple[int, Communities]] = dataclasses.field(default_factory=list)
     learned: object = None
+    progress: Optional[casp_progress.Progress] = None
 
     def __post_init__(self):
         if not self.plan:
             self.plan = contiguous(self.num_workers, self.count or 1)
+        if self.count == PROGRESS and self.progress is None:
+            self.progress = casp_progress.Progress(self.num_workers)
         self.history.append((self.version, self.plan))
 
 
 def observe(state: Controller, version: int, members: Sequence[int],
-            times: Dict[int, float]) -> None:
-    """Record one community push made under plan ``version`` with its members' times."""
+            times: Dict[int, float], losses: Sequence[float] = (), now: float = 0.0) -> None:
+    """Record one community push made under plan ``version`` with its members' times and
+    the training losses they reported (``now``: the server's clock, in seconds)."""
     state.times.update(times)
     if version == state.version:
         key = tuple(members)
         state.rounds[key] = state.rounds.get(key, 0) + 1
+        if state.progress is not None:
+            casp_progress.record(state.progress, now, losses)
 
 
 def regroup(state: Controller) -> bool:
     """Issue a new plan if it is time and the measured speeds call for a different one.
     Returns True when ``state.plan`` changed."""
-    if any(state.rounds.get(c, 0) < state.regroup_every for c in state.plan):
-        return False
-    if len(state.times) < state.num_workers:
+    fewest = min(state.rounds.get(c, 0) for c in state.plan)
+    if fewest < 1 or len(state.times) < state.num_workers:
         return False
     times = [state.times[w] for w in range(state.num_workers)]
+    # An exploring progress controller may end a window early, by time (casp_progress),
+    # but only once every community has pushed under the plan: then every worker has
+    # adopted it, and no plan is skipped.
+    if fewest < state.regroup_every and not (
+            state.progress is not None
+            and casp_progress.window_due(state.progress, times, state.regroup_every)):
+        return False
     if state.count == LEARNED:
         plan = _learned_plan(state, times)
+    elif state.count == PROGRESS:
+        plan = sort_and_cut(times, casp_progress.boundary(state.progress, times))
     elif state.count:
         plan = sort_and_cut(times, state.count)
     else:

@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 EMA_ALPHA = 0.3
 DEFAULT_TRAFFIC_PENALTY = 0.1
 LEARNED = "learned"
+PROGRESS = "progress"
 
 Communities = Tuple[Tuple[int, ...], ...]
 
@@ -48,8 +49,9 @@ def normalize(communities: Sequence[Sequence[int]]) -> Communities:
 
 def contiguous(num_workers: int, count: int) -> Communities:
     """``count`` runs of consecutive worker ids of near-equal size (the plan before any
-    speed is measured); ``"learned"`` starts from one run."""
-    count = 1 if count == LEARNED else count
+    speed is measured); ``"learned"`` starts from one run, ``"progress"`` from one run per
+    worker (ASP)."""
+    count = {LEARNED: 1, PROGRESS: num_workers}.get(count, count)
     bounds = [num_workers * k // count for k in range(count + 1)]
     return normalize(range(a, b) for a, b in zip(bounds, bounds[1:]))
 

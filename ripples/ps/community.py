@@ -4,8 +4,10 @@ A round, on every member of the worker's community (``casp.py`` holds the plan l
 
 1. P-Reduce (``partial_allreduce``, Sum) of the gradients over the community, together
    with a small float64 vector carrying each member's compute time per step (EMA), a
-   leaving flag per member and a skip flag (a GradScaler found inf/NaN on some member: the
-   round is not applied). The gradient is divided by the number of members still training.
+   leaving flag per member, each member's last reported training loss (NaN: none) and a
+   skip flag (a GradScaler found inf/NaN on some member: the round is not applied). The
+   gradient is divided by the number of members still training (``communities=
+   "progress"``: by the number of workers, so that a community's push weighs as its size).
 2. The leader (lowest-numbered member) pushes the averaged gradient once, with the members,
    the times of those still training and the members that are leaving, and pulls the
    parameters once. Server 0's answer carries the current plan of communities.
@@ -35,6 +37,7 @@ every chunk is pushed (unlike the other policies, which leave such chunks out).
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import List
 
@@ -67,6 +70,8 @@ class CommunityStep:
         self.plan_version = 0
         self.plan = casp.contiguous(self.num_workers, count or 1)
         self.time_ema = None
+        self.loss = math.nan  # the training loss the loop reported for this step, if any
+        self.by_size = spec.communities == casp.PROGRESS
         self.last_end = time.monotonic()
         self.rounds = 0
         self.failed = False  # a round raised: the members' collectives are out of step
@@ -95,12 +100,16 @@ class CommunityStep:
         n = self.num_workers
         grads = [p.grad.detach() if p.grad is not None and not leaving else torch.zeros_like(p)
                  for p in ps.params]
-        control = torch.zeros(2 * n + 1, dtype=torch.float64)  # times, leaving flags, skip
+        # times, leaving flags, losses, skip
+        control = torch.zeros(3 * n + 1, dtype=torch.float64)
         if leaving:
             control[n + ps.worker] = 1.0
+            control[2 * n + ps.worker] = math.nan
         else:
             control[ps.worker] = self.time_ema
+            control[2 * n + ps.worker] = self.loss
             control[-1] = float(skip)
+        self.loss = math.nan
         try:
             return self._exchange(grads, control, self.members, leaving)
         except RipplesError:
@@ -115,7 +124,7 @@ class CommunityStep:
         leavers = [w for w in members if control[n + w] > 0]
         training = len(members) - len(leavers)
         for g in grads:
-            g /= max(training, 1)
+            g /= n if self.by_size else max(training, 1)
         error = None
         if ps.worker == leader:
             for p, g in zip(ps.params, grads):
@@ -124,7 +133,9 @@ class CommunityStep:
             try:
                 ps.push_and_pull(control[-1].item() > 0 or training == 0, {
                     "members": list(members), "plan": self.plan_version, "leaving": leavers,
-                    "times": {w: float(control[w]) for w in members if w not in leavers}})
+                    "times": {w: float(control[w]) for w in members if w not in leavers},
+                    "losses": [v for v in (float(control[2 * n + w]) for w in members)
+                               if math.isfinite(v)]})
             except RipplesError as exc:
                 error = exc
             self._count_traffic(members, before)

@@ -7,6 +7,8 @@ learns a new plan at a round boundary.
 """
 from __future__ import annotations
 
+import time
+
 from . import casp
 from .pushes import ArrivalPushes
 
@@ -34,7 +36,8 @@ class CommunityPushes(ArrivalPushes):
             if w != message["w"]:
                 session.pushes[w] += 1
         if self.controller is not None:
-            casp.observe(self.controller, message["plan"], members, message["times"])
+            casp.observe(self.controller, message["plan"], members, message["times"],
+                         message.get("losses", ()), time.monotonic())
             # Once a worker is leaving, a new plan could put it in a community that would
             # wait for it forever: the communities stay as they are.
             self.leaving.update(message.get("leaving", ()))

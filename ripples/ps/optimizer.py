@@ -80,8 +80,9 @@ class PSOptimizer(OptimizerWrapper):
             work or move chunks from measured ``metrics()``).
         communities, regroup_every: ``policy="casp"``: ``"auto"`` (sort-and-cut chooses the
             number of communities), ``"learned"`` (the actor-critic of
-            ``ripples.ps.learned_controller`` chooses it) or a fixed count; rounds between
-            regroupings. Needs
+            ``ripples.ps.learned_controller`` chooses it), ``"progress"`` (chosen from the
+            losses passed to ``report_loss``, starting as ASP; see
+            ``ripples.ps.casp_progress``) or a fixed count; rounds between regroupings. Needs
             ripples initialized in PS mode (``ripples.torch.init`` with ``ps_servers``);
             every worker must make the same number of steps. See ``ripples.ps.casp``.
         tasks_per_clock, rebalance_every: ``policy="epsp"``/``"flexrr"``: micro-batch
@@ -181,6 +182,8 @@ class PSOptimizer(OptimizerWrapper):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+            if loss is not None:
+                self.report_loss(loss)
         self.policy_step.step(unscale_for_amp(self, self.params))
         self.stats["steps"] += 1
         if self.balancer is not None:
@@ -188,6 +191,14 @@ class PSOptimizer(OptimizerWrapper):
         if self.controller is not None:
             self.controller(self)
         return loss
+
+    def report_loss(self, loss) -> None:
+        """Tell the servers this step's training loss (a float or a one-element tensor),
+        before ``step()``; ``step(closure)`` does it with the closure's loss. Under
+        ``policy="casp", communities="progress"`` the controller judges community counts
+        by how fast these losses fall; other policies ignore it."""
+        if self.community is not None:
+            self.community.loss = float(loss)
 
     def join(self):
         """Leave training: wait until every worker has joined, then hold the servers' final

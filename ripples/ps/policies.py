@@ -22,9 +22,11 @@ per worker; a *round* (BSP, Sync-opt) is the set of pushes made at the same cloc
   staleness it expects (see ``expected_tau`` and ``eager_factor``).
 - ``casp``: communities of workers average their gradients by P-Reduce and their leader
   pushes one update, applied on arrival with scale 1 (``casp.py``, ``community.py``);
-  ``communities`` is ``"auto"`` or a fixed count, ``regroup_every`` the rounds between
-  regroupings, ``staleness`` an optional bound on how many rounds a worker may lead the
-  slowest active one (SSP's gate on rounds).
+  ``communities`` is ``"auto"``, ``"learned"``, ``"progress"`` or a fixed count,
+  ``regroup_every`` the rounds between regroupings, ``staleness`` an optional bound on how
+  many rounds a worker may lead the slowest active one (SSP's gate on rounds). Under
+  ``"progress"`` the members' gradients are summed and divided by the number of workers,
+  so that one community is BSP and one per worker is ASP at ``lr / n``.
 - ``epsp`` and ``flexrr``: a clock's global batch is ``tasks_per_clock`` micro-batch tasks;
   a clock's round is applied, as the average over its tasks, once every task has been
   computed exactly once (``tasks.py``); ``staleness = s`` lets a worker start clock
@@ -113,11 +115,11 @@ def make_spec(policy, num_workers: int, staleness=None, backup_workers: int = 1,
                              f"{name}={value!r} with policy={policy!r}")
     if policy == "casp":
         communities = "auto" if communities is None else communities
-        if communities not in ("auto", "learned") and not (
+        if communities not in ("auto", "learned", "progress") and not (
                 _count(communities) and 1 <= communities <= num_workers):
-            raise ValueError(f"communities must be 'auto', 'learned' or an integer in "
-                             f"[1, {num_workers}] "
-                             f"for {num_workers} workers, got communities={communities!r}")
+            raise ValueError(f"communities must be 'auto', 'learned', 'progress' or an "
+                             f"integer in [1, {num_workers}] for {num_workers} workers, got "
+                             f"communities={communities!r}")
         regroup_every = 20 if regroup_every is None else regroup_every
         if not (_count(regroup_every) and regroup_every >= 1):
             raise ValueError(f"regroup_every must be an integer >= 1 (rounds), "

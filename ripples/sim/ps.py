@@ -19,6 +19,8 @@ The model:
   a BSP or Sync-opt round applies the mean of its gradients, other policies apply each
   push on arrival with the policy's factor (``ps-asp``/``ps-ssp`` also with
   ``push_lr_scale``);
+* CASP: with ``communities="progress"`` a push is scaled by its community's size over the
+  number of workers, and carries its leader's loss on a slice of the test set;
 * CASP: a community's members average their gradients with a P-Reduce (the network's
   all-reduce among them), the lowest member pushes it, and the community pulls once: the
   leader's pull, then a broadcast costed as half that all-reduce. Members adopt the newest
@@ -54,6 +56,10 @@ class ParameterServerRun(EventLoop):
         self.scale = 1.0
         if self.policy in PER_PUSH_SCALED:
             self.scale = s.push_lr_scale if s.push_lr_scale is not None else 1.0 / n
+        elif self.policy == "casp" and s.push_lr_scale is not None:
+            self.scale = s.push_lr_scale
+        # communities="progress" weighs each push by its community's size (casp_progress)
+        self.by_size = self.policy == "casp" and self.spec.communities == casp.PROGRESS
         self.rounds = Rounds(self.spec.quorum) if self.policy in ROUND_POLICIES else None
         self.everyone = set(range(n))
         self.round_gradients: Dict[int, Dict[int, np.ndarray]] = collections.defaultdict(dict)
@@ -142,11 +148,13 @@ class ParameterServerRun(EventLoop):
                 self.clock_of[w] = self.rounds.applied
         else:
             delay = self.server.version - computed_on
-            self.apply([gradient], apply_factor(self.spec, delay, 1.0) * self.scale,
+            size = len(members) / self.s.workers if self.by_size else 1.0
+            self.apply([gradient], apply_factor(self.spec, delay, 1.0) * self.scale * size,
                        len(members))
             if self.controller is not None:
+                losses = [self.probe_loss(members[0])] * len(members) if self.by_size else ()
                 casp.observe(self.controller, clock, members,
-                             {m: self.times[m] for m in members})
+                             {m: self.times[m] for m in members}, losses, self.clock.now)
                 casp.regroup(self.controller)
         self.waiting[members] = self.clock_of[members[0]]
         self.answer_pulls()
@@ -197,6 +205,13 @@ class ParameterServerRun(EventLoop):
             self.begin_step(w)
 
     # -- measurement ---------------------------------------------------------------
+    def probe_loss(self, w: int) -> float:
+        """The loss worker ``w`` reports with a push: its model's loss on the first 256
+        test samples (the mini-batch loss a real worker reports, with less noise)."""
+        data = self.stats.data
+        z = data.x_test[:256] @ self.stats.params[w]
+        return float((np.logaddexp(0, z) - data.y_test[:256] * z).mean())
+
     def measure(self) -> tuple:
         return (float(self.stats.data.loss(self.server.params)[0]), self.stats.loss(0),
                 self.stats.consensus_distance())

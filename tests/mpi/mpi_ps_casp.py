@@ -118,11 +118,41 @@ def regrouping_keeps_every_update(context):
         context.worker_comm.allgather(rounds)
 
 
+def progress_explores_and_keeps_every_update(context):
+    """communities="progress" with losses reported: it starts as ASP, tries other counts,
+    commits to one, and the servers apply exactly what the communities pushed, each push
+    weighed by its community's size (a worker's share of an update is its gradient / n)."""
+    worker, workers = context.worker, context.num_workers
+    param = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
+    ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context,
+                     timeout_s=20, policy="casp", communities="progress", regroup_every=2)
+    check(len(ps.community.plan) == workers, f"starts as ASP: {ps.community.plan}")
+    share = torch.zeros(5, dtype=torch.float64)
+    for rounds in range(60):
+        time.sleep(0.02 if worker < 2 else 0.06)
+        param.grad = torch.arange(1, 6, dtype=torch.float64) * (worker + 1) + rounds
+        share += param.grad / workers  # before step(): the round sums gradients in place
+        ps.report_loss(1.0 / (1 + rounds))
+        ps.step()
+    ps.join()
+    m = ps.metrics()
+    total = sum(context.worker_comm.allgather(share))
+    check(torch.allclose(param.detach(), -total, rtol=0, atol=1e-9),
+          f"checksum: servers hold {param.tolist()}, the communities pushed {(-total).tolist()}")
+    history = m["server_load"][0]["plan_history"]
+    counts = [len(plan) for _, plan in history]
+    # ASP, then two communities (BSP is pruned: the slow pair halves its throughput), ASP
+    check(counts[:3] == [workers, 2, workers], f"explored ASP, 2, ASP: {history}")
+    if worker == 0:
+        print(f"casp progress plans {counts}", flush=True)
+
+
 def equivalence():
     context = start(20.0)
     one_community_is_bsp(context)
     one_community_each_is_asp(context)
     regrouping_keeps_every_update(context)
+    progress_explores_and_keeps_every_update(context)
     if context.worker == 0:
         print("casp equivalence OK", flush=True)
 
