@@ -14,6 +14,7 @@ fails (or, for a marked gap, xfails) on all ranks, and the ranks stay in step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import functools
 import inspect
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 
 import ripples.torch as hvd
+from ripples import runtime as ripples_runtime
 
 WORLD = MPI.COMM_WORLD
 R, N = WORLD.Get_rank(), WORLD.Get_size()
@@ -638,6 +640,35 @@ def test_grouped_allgather():
                                            for r in range(N)]))
 
 
+@agreed
+@pytest.mark.parametrize("in_sets", [False, True])
+def test_sparse_allreduce_async_handle_is_callable(in_sets):
+    """Horovod's sparse_allreduce_async returns a function: handle() waits and returns the
+    sparse result (synchronize(handle) works too). Rank r puts r + 1 in row r and 1 in the
+    last row of a (N + 2) x 3 tensor; over the k members of its set (all ranks, or those
+    of its parity) Average gives (m + 1) / k in each member m's row, 1 in the last row,
+    0 elsewhere; Sum gives m + 1 and k."""
+    process_set = (EVEN_SET if R % 2 == 0 else ODD_SET) if in_sets else hvd.global_process_set
+    members = [r for r in range(N) if not in_sets or r % 2 == R % 2]
+    dense = torch.zeros(N + 2, 3)
+    dense[R] = R + 1.0
+    dense[N + 1] = 1.0
+    averaged = hvd.sparse_allreduce_async(dense.to_sparse(), op=hvd.Average, name="sp.avg",
+                                          process_set=process_set)
+    summed = hvd.sparse_allreduce_async(dense.to_sparse(), op=hvd.Sum, name="sp.sum",
+                                        process_set=process_set)
+    got_average = averaged()
+    got_sum = hvd.synchronize(summed)
+    assert callable(averaged) and got_average.is_sparse and got_sum.is_sparse
+    want_average, want_sum = torch.zeros(N + 2, 3), torch.zeros(N + 2, 3)
+    for m in members:
+        want_average[m] = (m + 1.0) / len(members)
+        want_sum[m] = m + 1.0
+    want_average[N + 1], want_sum[N + 1] = 1.0, float(len(members))
+    assert torch.equal(got_average.to_dense(), want_average), got_average.to_dense()
+    assert torch.equal(got_sum.to_dense(), want_sum), got_sum.to_dense()
+
+
 # ================================================================= broadcast
 
 @agreed
@@ -825,9 +856,10 @@ def _all_same(value):
 def test_join_with_allreduce(first_join_rank):
     """One rank joins at once; the others run two named async all-reduces (fused), with
     and without having run them before (Horovod's response cache), then join. A joined
-    rank contributes zeros and Average divides by the ranks still active, so the
-    active ranks get their (identical) tensors back. join() returns the same last-joined
-    rank everywhere, never the one that joined first."""
+    rank contributes zeros and, by default, Average divides by the ranks still active, so
+    the active ranks get their (identical) tensors back (Horovod divides by every rank:
+    see test_horovod_join_average_counts_the_joined_ranks). join() returns the same
+    last-joined rank everywhere, never the one that joined first."""
     _join_with_two_async_allreduces(first_join_rank, [torch.float32, torch.float64])
 
 
@@ -890,6 +922,58 @@ def test_join_with_reducescatter_raises_on_active_ranks():
     else:
         _raises_runtime_error(lambda: hvd.reducescatter(torch.ones(N * 2)), "reducescatter")
         hvd.join()
+    still_in_step()
+
+
+@contextlib.contextmanager
+def horovod_join():
+    """Config.horovod_join on this rank for the block (as init(horovod_join=True) or
+    RIPPLES_HOROVOD_JOIN=1 set it); every rank enters it at the same point of the test."""
+    rt = ripples_runtime.current()
+    saved = rt.config
+    rt.config = dataclasses.replace(saved, horovod_join=True)
+    try:
+        yield
+    finally:
+        rt.config = saved
+
+
+@agreed
+@pytest.mark.parametrize("first_join_rank", [0, 1])
+def test_horovod_join_average_counts_the_joined_ranks(first_join_rank):
+    """With horovod_join, as in Horovod: the joined rank contributes zeros and Average
+    divides by all N ranks. Rank r sends [2(r+1), -(r+1)]; the active ranks' sum is
+    S = T - t_j (T: the sum over all ranks, t_j: the joined rank's), divided by N.
+    Integers truncate toward zero, as Horovod scales them."""
+    total = N * (N + 1) // 2  # sum of r + 1 over all ranks
+    active = total - (first_join_rank + 1)  # ... over the ranks that did not join
+    with horovod_join():
+        if R == first_join_rank:
+            hvd.join()
+        else:
+            x = torch.tensor([2.0 * (R + 1), -(R + 1.0)], dtype=torch.float64)
+            got = hvd.allreduce(x, name="hj.float")
+            ints = hvd.allreduce(torch.tensor([R + 1, -(R + 1)]), name="hj.int")
+            hvd.join()
+            assert got.tolist() == [2.0 * active / N, -active / N], got
+            assert ints.tolist() == [math.trunc(active / N), math.trunc(-active / N)], ints
+    still_in_step()
+
+
+@agreed
+def test_horovod_join_refuses_allgather_and_broadcast():
+    """With horovod_join, as in Horovod ('not supported with Join'): after rank 0 joined,
+    the others' allgather and broadcast raise a RuntimeError (MismatchError); the job
+    carries on, and without the setting the same calls run (test_join_with_allgather)."""
+    x = torch.full((2, 3), float(R))
+    with horovod_join():
+        if R == 0:
+            hvd.join()
+        else:
+            _raises_runtime_error(lambda: hvd.allgather(x), "allgather after join")
+            _raises_runtime_error(lambda: hvd.broadcast(x, 1, name="hj.bcast"),
+                                  "broadcast after join")
+            hvd.join()
     still_in_step()
 
 
@@ -1141,6 +1225,42 @@ def test_broadcast_state_with_a_frozen_integer_parameter():
 
 
 @agreed
+def test_broadcast_optimizer_state_before_any_step_gives_zero_gradients():
+    """Before any step (no optimizer state), Horovod leaves every parameter that requires
+    grad with a zero gradient and frozen ones with None. Here: b (4 floats) gets zeros
+    that broadcast like any tensor, the frozen index a keeps None, the parameters are
+    unchanged (ripples takes no step), and the first backward then accumulates onto the
+    zeros: x = r + 1 at indices 1 and 3 gives b.grad = [0, m, 0, m], m = (N + 1) / 2."""
+    class Indexed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+            self.b = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+
+        def forward(self, x):
+            return torch.index_select(self.b, 0, self.a.long()) * x
+
+    model = Indexed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9,
+                          nesterov=True)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert model.a.grad is None
+    assert torch.equal(model.b.grad, torch.zeros(4))
+    assert torch.equal(hvd.broadcast(model.b.grad, root_rank=0), torch.zeros(4))
+    assert model.b.tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert opt.state_dict()["state"] == {}
+    model(torch.full((2,), float(R + 1))).sum().backward()
+    m = (N + 1) / 2
+    assert model.b.grad.tolist() == [0.0, m, 0.0, m]
+    opt.step()
+    # Once there is state (momentum), gradients are left as they are.
+    opt.zero_grad()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert model.b.grad is None and opt.state_dict()["state"] != {}
+
+
+@agreed
 def test_distributed_optimizer_averages_gradients():
     """A rank-dependent loss: after step() the gradients are the average over ranks and
     every rank applied the same update."""
@@ -1194,6 +1314,28 @@ def test_no_named_parameters():
     for theirs in WORLD.allgather([p.detach().numpy().copy() for p in model.parameters()]):
         for a, p in zip(theirs, model.parameters()):
             assert (a == p.detach().numpy()).all()
+
+
+@agreed
+def test_parameter_names_without_named_parameters():
+    """Horovod names unnamed parameters allreduce.noname.<group>.<index> and keeps the
+    map in optimizer._parameter_names: two groups of one Linear each give 0.0, 0.1 (the
+    first layer's weight and bias), 1.0, 1.1, the same on every rank. With
+    named_parameters, the given names; a frozen parameter is named too."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(
+        [{"params": model[0].parameters()}, {"params": model[1].parameters()}], lr=0.1))
+    names = opt._parameter_names
+    assert names == {model[0].weight: "allreduce.noname.0.0",
+                     model[0].bias: "allreduce.noname.0.1",
+                     model[1].weight: "allreduce.noname.1.0",
+                     model[1].bias: "allreduce.noname.1.1"}, names
+    _all_same(sorted(names.values()))
+    model[1].bias.requires_grad_(False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    assert opt._parameter_names == {model[0].weight: "0.weight", model[0].bias: "0.bias",
+                                    model[1].weight: "1.weight", model[1].bias: "1.bias"}
 
 
 @agreed
@@ -1380,6 +1522,26 @@ def test_backward_passes_per_step_accumulates_locally():
     finally:
         opt.step()
         opt.zero_grad()
+
+
+@agreed
+def test_horovod_join_averages_gradient_buckets_over_every_rank():
+    """With horovod_join, a DistributedOptimizer step of the ranks still training divides
+    the summed gradients by N too. loss = w * (r + 1) gives rank r the gradient r + 1;
+    rank 0 joins at once, so the others get (sum of r + 1 for r >= 1) / N."""
+    with horovod_join():
+        model = torch.nn.Linear(1, 1, bias=False)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                       named_parameters=model.named_parameters())
+        if R == 0:
+            hvd.join()
+        else:
+            (model(torch.ones(1, 1)) * (R + 1)).sum().backward()
+            opt.step()
+            hvd.join()
+            expected = (N * (N + 1) // 2 - 1) / N
+            assert model.weight.grad.item() == pytest.approx(expected, abs=1e-6)
+    still_in_step()
 
 
 @pytest.mark.xfail(strict=True, reason="DistributedOptimizer returns an AllreduceOptimizer "
