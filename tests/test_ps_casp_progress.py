@@ -89,3 +89,16 @@ def test_windows_end_by_time_once_every_community_pushed_under_the_plan():
 def test_without_reported_losses_it_stays_asp():
     state = drive({8: 1.0, 2: 1.5, 1: 0.5}, CLASSES, losses=False)
     assert state.progress.committed == 8 and state.version == 0
+
+
+def test_asp_starved_by_its_servers_commits_to_communities_after_one_window():
+    # 8 workers at 1 s per batch could deliver 8 batches/s; the servers took 2 per second.
+    busy = [(t / 2, 10.0 - t / 2) for t in range(12)]
+    assert cp.starved(busy, [1.0] * 8)
+    assert not cp.starved([(t / 8, 10.0) for t in range(12)], [1.0] * 8)
+    assert not cp.starved([(t / 3, 10.0) for t in range(12)], [1.0] * 8)  # 3 of 8: not yet
+    state = cp.Progress(8, window=busy)
+    assert cp.boundary(state, [1.0] * 8) == 2 and state.committed == 2
+    # a server that keeps up: the exploration goes on with the next arm
+    state = cp.Progress(8, window=[(t / 8, 10.0 - t / 8) for t in range(12)])
+    assert cp.boundary(state, [1.0] * 8) == 2 and state.committed is None

@@ -17,6 +17,9 @@ chose communities that trained worse than plain ASP. This controller measures in
   server's clock over the window, negated: loss decrease per second.
 - *Pruning*: a count whose projected batches per second (from the measured compute
   times) are below 0.6x ASP's is not tried (BSP with a 3x-slow half, for instance).
+- *Starved ASP*: when the first (ASP) window measures fewer than 0.3x the batches per
+  second its workers' compute times allow, the servers cannot take a push per batch; the
+  controller then commits to the projection's count at once, without more windows.
 - *Drift*: loss falls faster early in training, so windows later in time look worse. The
   ASP arm runs first and last (``n, c, 1, n``); each other arm is compared with ASP's rate
   interpolated linearly to the middle of its window, which cancels a linear trend.
@@ -38,6 +41,7 @@ from .casp_scoring import choose, sort_and_cut
 
 DEFAULT_MARGIN = 0.1
 MIN_THROUGHPUT = 0.6
+STARVED = 0.3  # below this fraction of the compute-bound batch rate, ASP is server-bound
 
 
 @dataclasses.dataclass
@@ -99,6 +103,19 @@ def window_due(state: Progress, times: Sequence[float], regroup_every: int) -> b
     return state.window[-1][0] - state.window[0][0] >= regroup_every * max(times)
 
 
+def starved(window: Sequence[Tuple[float, float]], times: Sequence[float],
+            min_throughput: float = STARVED) -> bool:
+    """True when ASP's measured batches per second (one loss per batch) fall below
+    ``min_throughput`` times what its workers' compute times allow (well below: a round
+    trip per step on a quick model already costs a large fraction): the servers or their
+    links cannot take one push per batch, so a second ASP window would only cost time,
+    and fewer communities push less."""
+    if len(window) < 2 or window[-1][0] <= window[0][0]:
+        return False
+    measured = (len(window) - 1) / (window[-1][0] - window[0][0])
+    return measured < min_throughput * sum(1 / t for t in times)
+
+
 def slope_rate(samples: Sequence[Tuple[float, float]]) -> Optional[float]:
     """Loss decrease per second over ``samples`` (minus the least-squares slope); None
     with fewer than 4 samples or no time between them."""
@@ -121,6 +138,9 @@ def boundary(state: Progress, times: Sequence[float]) -> int:
         state.schedule = arms(times) if state.window else [state.num_workers]
         if len(state.schedule) == 1:
             state.committed = state.schedule[0]
+            return state.committed
+        if starved(state.window, times):
+            state.committed = state.schedule[1]
             return state.committed
     middle = (state.window[0][0] + state.window[-1][0]) / 2 if state.window else 0.0
     state.results.append((state.current, middle, slope_rate(state.window)))
