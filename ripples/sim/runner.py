@@ -8,6 +8,7 @@ so every mode is judged by the same bar.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Iterable, List, Optional
 
 from .engine import RunResult, simulate
@@ -19,8 +20,13 @@ def target_loss(scenario: Scenario, target_steps: int) -> float:
     """The loss all-reduce reaches after ``target_steps`` steps of ``scenario.workers``."""
     if target_steps < 1:
         raise ValueError(f"target_steps must be >= 1, got {target_steps!r}")
-    return float(allreduce_loss_curve(scenario.problem, scenario.workers, target_steps,
-                                      seed=scenario.seed)[-1])
+    return _target(scenario.problem, scenario.workers, target_steps, scenario.seed)
+
+
+@functools.lru_cache(maxsize=64)
+def _target(problem, workers: int, target_steps: int, seed: int) -> float:
+    # Every mode of a setting shares its target; computing it costs as much as a short run.
+    return float(allreduce_loss_curve(problem, workers, target_steps, seed=seed)[-1])
 
 
 def run_modes(base: Scenario, modes: Iterable[str], target_steps: Optional[int] = None,

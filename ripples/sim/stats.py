@@ -27,6 +27,7 @@ taken there and applied to the averaged parameters, as a real passive rank does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Iterable
 
 import numpy as np
@@ -64,6 +65,8 @@ class Data:
         y = (rng.random(n) < 1 / (1 + np.exp(-x @ truth))).astype(np.float64)
         self.x_train, self.y_train = x[:problem.train_samples], y[:problem.train_samples]
         self.x_test, self.y_test = x[problem.train_samples:], y[problem.train_samples:]
+        for array in (x, y):  # shared between runs by data_of(): never written
+            array.flags.writeable = False
 
     def loss(self, weights: np.ndarray) -> np.ndarray:
         """Mean logistic loss on the test set of each row of ``weights`` (or of a vector)."""
@@ -73,12 +76,19 @@ class Data:
         return losses.mean(axis=0)
 
 
+@functools.lru_cache(maxsize=8)
+def data_of(problem: Problem) -> Data:
+    """The :class:`Data` of ``problem``, made once: a sweep builds many runs of one problem
+    and drawing its sets costs more than a short run."""
+    return Data(problem)
+
+
 class Workers:
     """The parameter vectors and momentum buffers of ``count`` workers."""
 
     def __init__(self, problem: Problem, count: int, data: Data | None = None, seed: int = 0):
         self.problem = problem
-        self.data = data or Data(problem)
+        self.data = data or data_of(problem)
         self.params = np.zeros((count, problem.dim))
         self.momentum = np.zeros((count, problem.dim))
         self._rng = np.random.default_rng([problem.seed, seed, 2])
