@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 # The ranks of each mode's job (servers + spare + workers).
-RANKS = {"policies": 5, "scenarios": 9, "transport": 2, "psld": 7}
+RANKS = {"policies": 5, "scenarios": 9, "transport": 2, "psld": 7, "budget": 9}
 # The scenarios of --scenarios (--only names some of them), in the order they run.
 SCENARIOS = ("classes", "one_slow", "random")
 
@@ -43,6 +43,28 @@ def parse(description: str, argv=None) -> argparse.Namespace:
     parser.add_argument("--server-cost", default="0.2:1",
                         help="emulated server service cost FIXED_MS:NS_PER_BYTE")
     parser.add_argument("--psld-window", type=int, default=4)
+    parser.add_argument("--budget", action="store_true",
+                        help="digits MLP, 8 workers (4-7 slow) + 1 server, --seconds per policy")
+    parser.add_argument("--sweep", action="store_true",
+                        help="--budget's setup over --ratios x --shares x --widths, every policy")
+    parser.add_argument("--batch", type=int, default=32, help="--budget/--sweep: samples per step")
+    parser.add_argument("--mlp-lr", type=float, default=0.05, help="--budget/--sweep: BSP's lr")
+    parser.add_argument("--hidden", type=int, default=64, help="--budget: the MLP's width")
+    parser.add_argument("--ratios", default="1.5,3,10", help="--sweep: slowdowns of the slow")
+    parser.add_argument("--shares", default="1,4", help="--sweep: how many of 8 are slow")
+    parser.add_argument("--widths", default="64", help="--sweep: MLP widths (model size)")
+    parser.add_argument("--sim-sweep", action="store_true",
+                        help="the policies in the simulator (no MPI), see ps/sim_sweep.py")
+    parser.add_argument("--sim-workers", default="32,256")
+    parser.add_argument("--sim-shares", default="0.125,0.5", help="fraction of slow workers")
+    parser.add_argument("--sim-model-mb", default="0.04,100")
+    parser.add_argument("--sim-gbps", type=float, default=10.0, help="server link")
+    parser.add_argument("--sim-step-ms", type=float, default=100.0)
+    parser.add_argument("--sim-batch", type=int, default=32, help="samples per step")
+    parser.add_argument("--sim-lr", type=float, default=0.05)
+    parser.add_argument("--sim-target", type=float, default=0.35, help="test loss")
+    parser.add_argument("--sim-horizon", type=float, default=600.0)
+    parser.add_argument("--sim-regroup", type=int, default=5)
     return parser.parse_args(argv)
 
 
@@ -50,10 +72,14 @@ def parse(description: str, argv=None) -> argparse.Namespace:
 
 def mode(args) -> str:
     """The mode the flags ask for (the first of ``--scenarios``, ``--transport``,
-    ``--psld``; else the policies comparison)."""
+    ``--psld``, ``--budget``/``--sweep``; else the policies comparison)."""
     for name in ("scenarios", "transport", "psld"):
         if getattr(args, name):
             return name
+    if args.budget or args.sweep:
+        return "budget"
+    if args.sim_sweep:
+        return "sim_sweep"
     return "policies"
 
 

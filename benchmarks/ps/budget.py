@@ -1,0 +1,176 @@
+"""``benchmarks/ps.py --budget`` and ``--sweep``: policies on the digits MLP under one wall
+clock budget, 1 server + 8 workers.
+
+Each row trains ``ripples.demo``'s MLP (64-64-64-10, or ``--hidden`` wide) on digits for
+``--seconds`` of wall time per policy; compute is EMULATED: every step sleeps
+``--compute-ms`` times the worker's slowdown before its real forward and backward, so that
+9 processes on 2 cores measure synchronization, not CPU contention. SGD with momentum at
+``--lr``; policies that apply every push alone (ASP, SSP) take ``lr / 8``, a fixed CASP
+count ``C`` takes ``lr / C`` (a community push is the mean of ``8 / C`` workers), and
+``CASP(progress)`` scales each push by its community's size itself.
+
+``--budget``: the held-out setting (workers 4-7 at ``--slow-factor``), BSP, ASP and the
+CASP rows; steps per second, final accuracy of the servers' model.
+``--sweep``: speed ratio x share of slow workers x model width, every row; time to
+``--target`` accuracy (worker 0's parameters, checked every 5 of its steps) and bytes
+pushed per sample."""
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+
+from ripples.core.config import Config
+from ripples.demo import accuracy, load_data, make_model
+from ripples.ps import TaskSampler
+from ripples.ps.optimizer import PSOptimizer
+from ripples.startup import init
+
+from .options import RANKS
+from .record import save
+
+WORKERS = 8
+BUDGET_ROWS = ("BSP", "ASP", "CASP(auto)", "CASP(C=2)", "CASP(progress)")
+SWEEP_ROWS = ("BSP", "SSP(s=2)", "ASP", "CASP(auto)", "CASP(C=2)", "CASP(C=4)",
+              "CASP(progress)", "EPSP(s=2)")
+
+
+def row_setup(row: str, lr: float):
+    """(policy, options, learning rate) of a row name."""
+    if row == "BSP":
+        return "bsp", {}, lr
+    if row == "ASP":
+        return "asp", {}, lr / WORKERS
+    if row.startswith("SSP"):
+        return "ssp", {"staleness": 2}, lr / WORKERS
+    if row.startswith("EPSP"):
+        return "epsp", {"staleness": 2, "tasks_per_clock": 4 * WORKERS}, lr
+    if row.startswith("CASP(C="):
+        count = int(row[len("CASP(C="):-1])
+        return "casp", {"communities": count, "regroup_every": 5}, lr / count
+    mode = row[len("CASP("):-1]
+    return "casp", {"communities": mode, "regroup_every": 5}, lr
+
+
+def train_row(context, args, row, slow, data):
+    """One session of ``args.seconds``; returns this worker's record."""
+    worker = context.worker
+    policy, options, lr = row_setup(row, args.mlp_lr)
+    model = make_model(data.x_train.shape[1], data.classes, seed=0)
+    if args.hidden != 64:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
+                                    torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+                                    torch.nn.Linear(args.hidden, data.classes))
+    ps = PSOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+                     model.named_parameters(), context, policy=policy,
+                     link_delay_s=args.link_ms / 1000, timeout_s=60, **options)
+    x, y = data.x_train[worker::WORKERS], data.y_train[worker::WORKERS]
+    gen = torch.Generator().manual_seed(worker)
+    compute_s = args.compute_ms / 1000 * (args.slow_factor if worker in slow else 1.0)
+    loss_fn = torch.nn.functional.cross_entropy
+    curve, steps = [], 0
+    context.worker_comm.Barrier()
+    began = time.monotonic()
+    if policy == "epsp":  # the same samples per clock as a round: 4 tasks of batch / 4
+        sampler = TaskSampler(ps, len(y), args.batch // 4, seed=worker)
+        while not _over(context, began, args.seconds, steps):
+            for indices in sampler:
+                time.sleep(compute_s / 4)
+                loss_fn(model(x[indices]), y[indices]).backward()
+            ps.step()
+            steps += 1
+            _evaluate(worker, steps, began, model, data, curve)
+    else:
+        while time.monotonic() - began < args.seconds:
+            time.sleep(compute_s)
+            index = torch.randint(len(y), (args.batch,), generator=gen)
+            ps.zero_grad()
+            loss = loss_fn(model(x[index]), y[index])
+            loss.backward()
+            ps.report_loss(loss.item())
+            ps.step()
+            steps += 1
+            _evaluate(worker, steps, began, model, data, curve)
+    wall = time.monotonic() - began
+    ps.join()
+    m = ps.metrics()
+    record = {"worker": worker, "steps": steps, "wall_s": wall,
+              "samples": steps * args.batch, "bytes_pushed": m["bytes_pushed"],
+              "final_accuracy": accuracy(model, data.x_test, data.y_test), "curve": curve}
+    if worker == 0:
+        server = m["server_load"][0]
+        record["communities"] = server.get("communities")
+        record["plan_history"] = server.get("plan_history")
+    return record
+
+
+def _over(context, began, seconds, steps) -> bool:
+    """EPSP runs the same clocks on every worker: worker 0's clock decides, every 5."""
+    if steps % 5:
+        return False
+    return context.worker_comm.bcast(time.monotonic() - began >= seconds, root=0)
+
+
+def _evaluate(worker, steps, began, model, data, curve) -> None:
+    if worker == 0 and steps % 5 == 0:
+        curve.append((round(time.monotonic() - began, 3),
+                      round(accuracy(model, data.x_test, data.y_test), 4)))
+
+
+def summarize(records, row, scenario, target):
+    zero = next(r for r in records if r["worker"] == 0)
+    wall = max(r["wall_s"] for r in records)
+    samples = sum(r["samples"] for r in records)
+    hit = next((t for t, a in zero["curve"] if a >= target), None)
+    return {**scenario, "slow_workers": len(scenario["slow"]), "row": row,
+            "final_count": len(zero["communities"]) if zero.get("communities") else None,
+            "steps_per_s": sum(r["steps"] for r in records) / wall,
+            "final_accuracy": zero["final_accuracy"], "time_to_target_s": hit,
+            "push_bytes_per_sample": sum(r["bytes_pushed"] for r in records) / samples,
+            "steps_per_worker": [r["steps"] for r in sorted(records, key=lambda r: r["worker"])],
+            "communities": zero.get("communities"), "plan_history": zero.get("plan_history")}
+
+
+def scenarios(args):
+    """The settings this run covers (one for --budget)."""
+    if args.budget:
+        return [{"ratio": args.slow_factor, "slow": [4, 5, 6, 7], "hidden": args.hidden}]
+    out = []
+    for ratio, share, hidden in itertools.product(
+            [float(v) for v in args.ratios.split(",")], [int(v) for v in args.shares.split(",")],
+            [int(v) for v in args.widths.split(",")]):
+        out.append({"ratio": ratio, "slow": list(range(WORKERS - share, WORKERS)),
+                    "hidden": hidden})
+    return out
+
+
+def main(args) -> None:
+    context = init(config=Config(ps_servers=1, timeout_s=60)).ps
+    if context.num_workers != WORKERS:
+        raise SystemExit(f"run with {RANKS['budget']} ranks (1 server + 8 workers)")
+    data = load_data()
+    rows = args.rows.split(",") if args.rows else (BUDGET_ROWS if args.budget else SWEEP_ROWS)
+    table = []
+    for scenario in scenarios(args):
+        args.slow_factor, args.hidden = scenario["ratio"], scenario["hidden"]
+        for row in rows:
+            record = train_row(context, args, row, set(scenario["slow"]), data)
+            everyone = context.worker_comm.gather(record)
+            if context.worker == 0:
+                t = summarize(everyone, row, scenario, args.target)
+                table.append(t)
+                ttt = "n/a" if t["time_to_target_s"] is None else f"{t['time_to_target_s']:.2f}"
+                print(f"x{t['ratio']:<5g}slow {len(t['slow'])} h{t['hidden']:<5}{row:<16}"
+                      f"{t['steps_per_s']:>8.1f}{t['final_accuracy']:>7.3f}{ttt:>7}"
+                      f"{t['push_bytes_per_sample']:>9.0f}  {t['communities']}", flush=True)
+    if context.worker != 0:
+        return
+    result = {"benchmark": "ps budget" if args.budget else "ps sweep",
+              "compute": f"emulated: sleep {args.compute_ms:g} ms per step times the "
+                         f"slowdown, then the real forward and backward of the digits MLP; "
+                         f"9 processes on this machine's cores",
+              "table": table}
+    if args.json:
+        save(args, result)
