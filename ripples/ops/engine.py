@@ -231,10 +231,9 @@ class Engine:
         for name, error in decision.failed.items():
             self._fail_unmatched([by_name[name]], error)
         agreed = [by_name[n] for n in decision.run]
-        # Horovod's join: the joined members count in an Average (as zeros).
-        active = len(group) if rt.config.horovod_join else decision.active
-        self._executor.execute(comm, group, active, agreed, ring)
-        self.lanes.consider(group, agreed)
+        self._executor.execute(comm, group, decision.active, agreed, ring)
+        if decision.active == len(group):  # a joined member takes no part in arming a lane
+            self.lanes.consider(group, agreed)
         progressed = bool(decision.run or decision.failed)
         if not progressed:
             expire(self._rt, batch, decision, self._fail_unmatched)

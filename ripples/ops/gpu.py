@@ -92,7 +92,8 @@ def reduce_on_gpu(runtime, comm, group, pairs, op: ReduceOp, active: int, presca
     else:
         buffer = runtime.buffers.get(source.dtype, total, device=source.device)
         kernels.pack([p[0] for p in pairs], buffer, scale=prescale)
-    post = postscale / active if op is ReduceOp.AVERAGE else postscale
+    divisor = len(group) if runtime.config.horovod_join else active  # as reduce_pairs
+    post = postscale / divisor if op is ReduceOp.AVERAGE else postscale
     if len(group) > 1:
         if gpu_path() == "nccl":
             nccl_op = nccl_operation(op, source.dtype, active, len(group))

@@ -92,8 +92,9 @@ def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair]
     ``comm``, once the members have agreed to (the engine calls this).
 
     Average divides by ``active``, the members contributing (all of them unless some have
-    joined). A single contiguous tensor of a dtype MPI reduces natively goes to MPI without
-    a copy; anything else is packed into one fusion buffer (prescale folded into the pack,
+    joined), or with ``Config.horovod_join`` by all members, as Horovod. A single
+    contiguous tensor of a dtype MPI reduces natively goes to MPI without a copy; anything
+    else is packed into one fusion buffer (prescale folded into the pack,
     postscale into the unpack). Host float16/bfloat16 Sum and Average are packed into a
     16-bit buffer and summed by ``allreduce_16bit_`` (2 bytes per element on the wire,
     float32 accumulation); other 16-bit reductions run in a float32 buffer. ``comm`` may
@@ -103,7 +104,8 @@ def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair]
     """
     dtype = pairs[0][0].dtype
     mpi_operation = mpi_op(op, dtype)
-    post = postscale / active if op is ReduceOp.AVERAGE else postscale
+    divisor = len(group) if runtime.config.horovod_join else active
+    post = postscale / divisor if op is ReduceOp.AVERAGE else postscale
     if pairs[0][0].is_cuda:
         reduce_on_gpu(runtime, comm, group, pairs, op, active, prescale, postscale, mpi_operation)
         return

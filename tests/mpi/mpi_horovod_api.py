@@ -925,6 +925,24 @@ def test_join_with_reducescatter_raises_on_active_ranks():
     still_in_step()
 
 
+@agreed
+def test_blocking_allreduces_one_round_each_after_a_join():
+    """After rank 0 joined, the others run three blocking float32 all-reduces, each in its
+    own control round (the pattern that arms the repeated-call lane of a group, which a
+    joined rank cannot take part in), then join. Rank r sends r + 1: Average over the
+    ranks still active gives (N(N + 1)/2 - 1) / (N - 1)."""
+    x = torch.full((4,), float(R + 1))
+    if R == 0:
+        hvd.join()
+    else:
+        got = [hvd.allreduce(x, name=f"after_join.{i}") for i in range(3)]
+        hvd.join()
+        expected = (N * (N + 1) / 2 - 1) / (N - 1)
+        for g in got:
+            assert g.tolist() == [expected] * 4, g
+    still_in_step()
+
+
 @contextlib.contextmanager
 def horovod_join():
     """Config.horovod_join on this rank for the block (as init(horovod_join=True) or
