@@ -102,3 +102,27 @@ def test_asp_starved_by_its_servers_commits_to_communities_after_one_window():
     # a server that keeps up: the exploration goes on with the next arm
     state = cp.Progress(8, window=[(t / 8, 10.0 - t / 8) for t in range(12)])
     assert cp.boundary(state, [1.0] * 8) == 2 and state.committed is None
+
+
+def test_in_the_simulator_a_busy_server_makes_it_leave_asp():
+    """8 workers (4 of them 3x slower) push a 50 MB model through one 1 GB/s link (50 ms
+    per push): under ASP the link is the bottleneck, the loss falls faster under two
+    communities, and the controller, judging by the loss alone, commits to them and
+    reaches the target loss well before ASP does (0.75x in this deterministic run)."""
+    from ripples.sim import Compute, Link, Network, Problem, Scenario, Speed, simulate
+    from ripples.sim.ps import ParameterServerRun
+
+    def scenario(mode, **knobs):
+        return Scenario(mode, 8, Compute(0.1), Speed("stragglers", count=4, factor=3.0),
+                        Network(workers_per_node=8, inter=Link(0.0, 1e9)),
+                        model_bytes=5e7, problem=Problem(dim=8, train_samples=2048,
+                                                         test_samples=512, margin=10.0),
+                        horizon_s=60.0, stop_at_target=True, target_loss=0.3,
+                        target_on="average", **knobs)
+
+    run = ParameterServerRun(scenario("ps-casp", communities="progress", regroup_every=3),
+                             None)
+    progress = run.run()
+    asp = simulate(scenario("ps-asp"))
+    assert run.controller.progress.committed < 8 and len(run.controller.plan) < 8
+    assert progress.time_to_target_s < 0.85 * asp.time_to_target_s
