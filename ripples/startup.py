@@ -62,12 +62,7 @@ def init(comm: Optional[MPI.Comm] = None, config: Optional[Config] = None,
 
 
 def check_fault_tolerance(config: Config) -> None:
-    """Raise ValueError unless ``Config.fault_tolerant`` can work: Open MPI's ULFM must be on,
-    and PS mode has no recovery."""
-    if config.ps_servers:
-        raise ValueError("Config.fault_tolerant (RIPPLES_FAULT_TOLERANT) covers decentralized "
-                         "and all-reduce training; parameter-server mode (ps_servers="
-                         f"{config.ps_servers}) has no recovery from dead ranks: unset one")
+    """Raise ValueError unless ``Config.fault_tolerant`` can work: Open MPI's ULFM must be on."""
     if not failures.ulfm_active():
         raise ValueError("Config.fault_tolerant (RIPPLES_FAULT_TOLERANT=1) needs Open MPI's "
                          "fault tolerance: launch with `ripplesrun --fault-tolerant ...`, or "

@@ -83,6 +83,22 @@ def test_asynchronous_adpsgd_survivors_take_their_new_roles_and_finish(dead_rank
     assert "Traceback" not in result.stdout, result.stdout
 
 
+def test_parameter_servers_go_on_without_a_dead_worker():
+    """1 server and 3 workers, BSP; worker 1 dies before its step 10. The server drops it
+    and closes the later rounds with the other two: their model is that of one process
+    averaging 3 gradients per step up to step 9 and 2 from step 10 on."""
+    result, survivors = train_through_a_death(4, "ps", "bsp", 1, 10,
+                                              env={"RIPPLES_PS_SERVERS": "1"})
+    assert sorted(int(s["old_rank"]) for s in survivors) == [0, 2], result.stdout
+    for s in survivors:
+        assert int(s["steps"]) == STEPS and float(s["loss"]) < float(s["loss0"]) / 10, s
+    assert "worker 1 (rank 2) died; going on without it" in result.stdout, result.stdout
+    assert re.findall(r"PS_SERVER rank=\d dead=(\S*)", result.stdout) == ["1", "1"]
+    twins = re.findall(r"TWIN rank=\d max_difference=(\S+)", result.stdout)
+    assert len(twins) == 2 and all(float(gap) < 1e-5 for gap in twins), result.stdout
+    assert "Traceback" not in result.stdout, result.stdout
+
+
 def test_elastic_all_reduce_rolls_back_to_the_last_commit_and_goes_on():
     result, survivors = train_through_a_death(4, "elastic", "-", 2, 12)
     # the global callback (new size), then TorchState's reset callback

@@ -103,3 +103,38 @@ def shrink(comm) -> Tuple[object, List[int]]:
                                           comm.Get_group())
     failed = sorted(set(range(comm.Get_size())) - set(old_ranks))
     return survivors, failed
+
+
+def acknowledge(comm) -> List[int]:
+    """Acknowledge every death ``comm`` has noticed; return the ranks of ``comm`` known dead.
+
+    Until acknowledged, a death fails every wildcard receive and probe on ``comm``
+    (``ERR_PROC_FAILED_PENDING``), even one that a live rank's message would match.
+    """
+    from mpi4py import MPI
+    comm.Ack_failed()
+    failed = comm.Get_failed()
+    try:
+        return sorted(MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())),
+                                                comm.Get_group()))
+    finally:
+        failed.Free()
+
+
+class DeathWatch:
+    """The ranks of one communicator known dead, learnt from the errors MPI raises."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.known: set = set()
+
+    def absorb(self, error: BaseException) -> List[int]:
+        """The ranks newly known dead, if ``error`` is a process failure (acknowledged, so
+        that wildcard receives on the communicator work again); any other error is raised."""
+        if not is_process_failure(error):
+            raise error
+        now = set(acknowledge(self.comm))
+        new = sorted(now - self.known)
+        self.known |= now
+        return new
+

@@ -25,6 +25,7 @@ from typing import Dict, List
 import torch
 from mpi4py import MPI
 
+from ..comm import failures
 from . import slowness
 from .session import FailedSession, Session
 from .transport import PROTOCOL, REPLY, REQUEST, Backoff, BufferPool, Outbox, receive
@@ -57,6 +58,8 @@ class Server:
         self.sessions: Dict[int, Session] = {}
         self.early: Dict[int, List[dict]] = {}
         self.byes = set()
+        self.deaths = failures.DeathWatch(comm)
+        self.dead_workers: set = set()
         self.last_seen = {w: time.monotonic() for w in range(self.num_workers)}
         self.delayed: list = []
         self.sequence = itertools.count()
@@ -81,11 +84,14 @@ class Server:
         last_tick = 0.0
         while len(self.byes) < self.num_workers:
             busy = False
-            while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=REQUEST, status=status):
-                began = time.monotonic()
-                self.take(status.Get_source())
-                self.busy_s += time.monotonic() - began
-                busy = True
+            try:
+                while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=REQUEST, status=status):
+                    began = time.monotonic()
+                    self.take(status.Get_source())
+                    self.busy_s += time.monotonic() - began
+                    busy = True
+            except MPI.Exception as error:  # fault tolerant: a rank of the job died
+                self.bury(self.deaths.absorb(error))
             now = time.monotonic()
             while self.delayed and self.delayed[0][0] <= now:
                 heapq.heappop(self.delayed)[2]()
@@ -118,6 +124,8 @@ class Server:
                 self.receive(header)
                 return
         except Exception as exc:  # noqa: BLE001 - one bad message must not end the server
+            if failures.is_process_failure(exc):
+                raise  # its sender died while sending: run() buries it
             problem = f"could not handle the message: {exc!r}"
         print(f"ripples.ps server {self.index}: bad message from rank {source}: {problem}",
               file=sys.stderr, flush=True)
@@ -176,6 +184,23 @@ class Server:
             self.sessions[sid].deliver(message)
         else:
             self.early.setdefault(sid, []).append(message)
+
+    def bury(self, ranks) -> None:
+        """Go on without the workers among ``ranks`` (ranks of the PS communicator that died,
+        under fault tolerance): they count as departed, and BSP rounds close without them.
+        A dead server's chunks are lost: its workers' requests fail, naming it."""
+        for rank in ranks:
+            if rank < self.num_servers:
+                print(f"ripples.ps server {self.index}: parameter server {rank} died",
+                      file=sys.stderr, flush=True)
+                continue
+            worker = rank - self.num_servers
+            print(f"ripples.ps server {self.index}: worker {worker} (rank {rank}) died; going "
+                  "on without it", file=sys.stderr, flush=True)
+            self.dead_workers.add(worker)
+            self.byes.add(worker)
+            for session in self.sessions.values():
+                session.dead.add(worker)
 
     def leave(self, worker: int) -> None:
         self.byes.add(worker)

@@ -80,7 +80,7 @@ class Session:
         self.pushes = [0] * self.num_workers
         self.applied_from = [0] * self.num_workers
         self.joined = set()
-        self.dead = set()
+        self.dead = set(server.dead_workers)
         self.stats = {"bytes_in": 0, "bytes_out": 0, "busy_s": 0.0, "dropped": 0, "skipped": 0,
                       "staleness_hist": {}, "chunks_in": 0, "chunks_out": 0,
                       "bytes_moved_out": 0, "redirected_pulls": 0, "queued_for_newer_map": 0}

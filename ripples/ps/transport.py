@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..comm import failures
 from ..comm.mpi import Deadline, wait_all
 from ..core.errors import RipplesError, RipplesTimeoutError
 
@@ -207,11 +208,16 @@ class Outbox:
         been sent; e.g. to give the buffer back to its pool)."""
         if payload is not None:
             message["payload"] = payload.nbytes
-        requests = [self.comm.isend(message, dest=dest, tag=tag)]
-        if payload is not None:
-            requests += [self.comm.Isend([payload[offset:offset + length], MPI.BYTE], dest=dest,
-                                         tag=DATA)
-                         for offset, length in pieces(payload.nbytes)]
+        try:
+            requests = [self.comm.isend(message, dest=dest, tag=tag)]
+            if payload is not None:
+                requests += [self.comm.Isend([payload[offset:offset + length], MPI.BYTE],
+                                             dest=dest, tag=DATA)
+                             for offset, length in pieces(payload.nbytes)]
+        except MPI.Exception as error:
+            if not failures.is_process_failure(error):
+                raise
+            requests = []  # fault tolerant and ``dest`` is dead: nobody is left to read it
         self.requests.extend(requests)
         if on_sent is not None:
             self.done.append((requests, on_sent))
@@ -219,7 +225,7 @@ class Outbox:
 
     def progress(self) -> None:
         if self.requests:
-            self.requests = [r for r in self.requests if not r.Test()]
+            self.requests = [r for r in self.requests if not _completed(r)]
         if self.done:
             pending = set(map(id, self.requests))
             waiting = []
@@ -239,6 +245,15 @@ class Outbox:
             backoff.idle()
 
 
+def _completed(request) -> bool:
+    try:
+        return request.Test()
+    except MPI.Exception as error:
+        if not failures.is_process_failure(error):
+            raise
+        return True  # fault tolerant and the receiver died: the send is over
+
+
 class Channel:
     """The worker's side: requests to servers and their answers, matched by id.
 
@@ -255,6 +270,7 @@ class Channel:
         self.unmatched_errors: List[Tuple[int, str]] = []
         self.next_id = 0
         self.timeout_s = 60.0
+        self.deaths = failures.DeathWatch(comm)
 
     def send(self, server: int, message: dict, payload: Optional[np.ndarray] = None,
              on_sent: Optional[Callable[[], None]] = None) -> int:
@@ -270,7 +286,7 @@ class Channel:
         """Receive every answer that has arrived; True if any did."""
         got = False
         status = MPI.Status()
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=REPLY, status=status):
+        while self._probe(status):
             source = status.Get_source()
             message, payload = receive(self.comm, source, REPLY, self.pool, self.timeout_s,
                                        "answer")
@@ -286,6 +302,18 @@ class Channel:
             got = True
         self.outbox.progress()
         return got
+
+    def _probe(self, status) -> bool:
+        try:
+            return self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=REPLY, status=status)
+        except MPI.Exception as error:  # fault tolerant: a rank of the job died
+            servers = [r for r in self.deaths.absorb(error) if r < self.num_servers]
+            if servers:
+                raise RipplesError(
+                    f"parameter server(s) {servers} died: the parameters they held are lost; "
+                    "resume from a checkpoint (ripplesrun --max-restarts N restarts the job)"
+                ) from error
+            return False  # a worker died: the servers go on without it
 
     def poll(self, server: int, rid: int) -> Optional[dict]:
         """The answer to request ``rid`` if it has arrived (without waiting), else None."""

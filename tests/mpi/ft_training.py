@@ -6,7 +6,9 @@ MODE ``decentralized``: ``DistributedOptimizer(sync="ripples", schedule=SCHEDULE
 survivors keep their models and go on. MODE ``elastic``: all-reduce training inside
 ``hvd.elastic.run`` with a ``TorchState`` committed every 5 steps; the survivors roll back
 to the last commit. MODE ``sampler``: one epoch through an ``ElasticSampler`` inside
-``hvd.elastic.run``; the survivors share the samples not processed at the last commit. Rank DEAD_RANK calls ``os._exit(1)`` at step DIE_AT_STEP
+``hvd.elastic.run``; the survivors share the samples not processed at the last commit. MODE
+``ps``: parameter-server training (``RIPPLES_PS_SERVERS`` set by the caller) with policy
+SCHEDULE; the servers drop the dead worker and go on with the rest. Rank DEAD_RANK calls ``os._exit(1)`` at step DIE_AT_STEP
 (or, with FT_TRAINING_RAISE=1, raises an uncaught RuntimeError there).
 
 Each survivor prints ``SURVIVOR rank=R old_rank=O size=S resets=N steps=K loss0=.. loss=..
@@ -56,6 +58,29 @@ def maybe_die(step):
         os._exit(1)
 
 
+def twin_gap(members_at):
+    """The largest difference between ``model`` and the same training in one process, whose
+    step ``s`` applies the average gradient of the ranks ``members_at(s)``."""
+    global old_rank
+    torch.manual_seed(0)
+    twin = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    twin_sgd = torch.optim.SGD(twin.parameters(), lr=0.05)
+    for step in range(steps):
+        ranks = members_at(step)
+        grads = []
+        for r in ranks:
+            old_rank_here, old_rank = old_rank, r
+            x, y = batch(step)
+            old_rank = old_rank_here
+            twin.zero_grad()
+            torch.nn.functional.mse_loss(twin(x), y).backward()
+            grads.append([p.grad.clone() for p in twin.parameters()])
+        for i, p in enumerate(twin.parameters()):
+            p.grad = sum(g[i] for g in grads) / len(ranks)
+        twin_sgd.step()
+    return max((a - b).abs().max().item() for a, b in zip(model.parameters(), twin.parameters()))
+
+
 loss0 = loss_of(model)
 if mode == "decentralized":
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -76,6 +101,25 @@ if mode == "decentralized":
     hvd.join()
     averaged = hvd.average_model(model)
     final_loss = loss_of(averaged)
+elif mode == "ps":
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters(),
+                                         sync="ps", policy=schedule)
+    done = 0
+    for step in range(steps):
+        maybe_die(step)
+        x, y = batch(step)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        done += 1
+    optimizer.join()  # the final parameters, pulled from the servers
+    dead = optimizer.metrics()["server_load"][0]["dead"]
+    print(f"PS_SERVER rank={hvd.rank()} dead={','.join(map(str, dead))}", flush=True)
+    final_loss = loss_of(model)
+    # BSP: every worker's gradient before the death, the survivors' after it
+    gap = twin_gap(lambda step: [r for r in range(old_size) if step < die_at or r != dead_rank])
+    print(f"TWIN rank={hvd.rank()} max_difference={gap!r}", flush=True)
 elif mode == "sampler":
     # One epoch of 96 samples in batches of 2 through an ElasticSampler, committed every 2
     # batches; DIE_AT_STEP is the dead rank's batch. Each rank keeps the samples it trained
@@ -152,24 +196,9 @@ else:
     final_loss = loss_of(model)
     # The same training in one process: every rank of the first world averages its
     # gradients up to the last commit before the death, the survivors from there on.
-    torch.manual_seed(0)
-    twin = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    twin_sgd = torch.optim.SGD(twin.parameters(), lr=0.05)
     last_commit = die_at - die_at % 5
-    for step in range(steps):
-        ranks = [r for r in range(old_size) if step < last_commit or r != dead_rank]
-        grads = []
-        for r in ranks:
-            old_rank_here, old_rank = old_rank, r
-            x, y = batch(step)
-            old_rank = old_rank_here
-            twin.zero_grad()
-            torch.nn.functional.mse_loss(twin(x), y).backward()
-            grads.append([p.grad.clone() for p in twin.parameters()])
-        for i, p in enumerate(twin.parameters()):
-            p.grad = sum(g[i] for g in grads) / len(ranks)
-        twin_sgd.step()
-    gap = max((a - b).abs().max().item() for a, b in zip(model.parameters(), twin.parameters()))
+    gap = twin_gap(lambda step: [r for r in range(old_size)
+                                 if step < last_commit or r != dead_rank])
     print(f"TWIN rank={hvd.rank()} max_difference={gap!r}", flush=True)
 
 checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
