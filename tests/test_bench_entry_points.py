@@ -11,6 +11,9 @@ import pytest
 
 from mpi_launch import REPO_DIR, mpi_env, run_mpi
 
+# Its module-scoped fixture runs once per test process: keep its tests in one.
+pytestmark = pytest.mark.xdist_group("bench_entry_points")
+
 BENCHMARKS = REPO_DIR / "benchmarks"
 # Those with no smoke run below (a real run takes tens of seconds or more ranks than fit).
 SCRIPTS = ("train", "step", "generator_service_cpu", "fault_tolerance", "kernels")

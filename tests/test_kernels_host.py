@@ -15,6 +15,9 @@ import torch
 from ripples import kernels
 from ripples.kernels.sources import source_dir
 
+# Its module-scoped fixture runs once per test process: keep its tests in one.
+pytestmark = pytest.mark.xdist_group("kernels_host")
+
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 CODE = {d: i for i, d in enumerate(DTYPES)}
 LENGTHS = [0, 1, 3, 7, 8, 9, 16, 33, 250, 1031]

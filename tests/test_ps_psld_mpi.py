@@ -10,6 +10,9 @@ import pytest
 
 from mpi_launch import TESTS_DIR, run_mpi
 
+# Its module-scoped fixture runs once per test process: keep its tests in one.
+pytestmark = pytest.mark.xdist_group("ps_psld")
+
 
 def script(*args):
     return [sys.executable, str(TESTS_DIR / "mpi" / "mpi_ps_psld.py"), *map(str, args)]

@@ -21,6 +21,9 @@ import pytest
 
 from ripples.sim.validation import compare
 
+# Its module-scoped fixture runs once per test process: keep its tests in one.
+pytestmark = pytest.mark.xdist_group("sim_validation")
+
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 # The three runs after the generator client's faster waits, with the software costs measured
 # for that code (latency_after_idle_np8_client.json, less what the links account for).
