@@ -33,6 +33,9 @@ def test_resume_matches_the_uninterrupted_run_and_refuses_other_settings(tmp_pat
         assert set(lines(out, schedule, "FOREIGN").values()) == {"none STEPS 5"}, out
         assert set(lines(out, schedule, "RANK0").values()) == {f"STEPS {STEPS} SYNCS {STEPS}"}, out
         assert set(lines(out, schedule, "UNTOUCHED").values()) == {"1"}, out
+        # rank 0's checkpoint keeps the generator's state (random state, counters, speeds)
+        has_generator = {str(int(schedule == "generator"))}
+        assert set(lines(out, schedule, "GENERATOR_STATE").values()) == has_generator, out
         other = lines(out, schedule, "OTHER")
         assert all(f"saved with schedule='{schedule}' but is loaded with schedule=" in e
                    for e in other.values()), out

@@ -309,3 +309,45 @@ def test_node_aware_generator_keeps_the_invariants_and_mostly_stays_on_nodes(cro
     # other division: two pairs per node (8 groups, none crossing).
     expected = 2 / (6 + 8 * (cross_node_every - 1))
     assert crossing / len(groups) == pytest.approx(expected, rel=0.05)
+
+
+def test_a_restored_generator_draws_what_the_original_would_draw_next():
+    """Under "all" a division is a shuffle of every worker: after a snapshot, a generator
+    restored from it hands out the same groups as the original going on, while a fresh one
+    with the same seed starts the sequence over."""
+    from ripples.schedule.generator_checkpoint import generator_state, restore_generator_state
+
+    def run(gen, rounds):
+        out = []
+        for _ in range(rounds):
+            for worker in range(6):
+                gen.request(worker)
+                out += gen.poll()[worker]
+        return out
+
+    original = GroupGenerator(6, 2, seed=3, policy="all")
+    first = run(original, 4)
+    state = generator_state(original)
+    restored = GroupGenerator(6, 2, seed=3, policy="all")
+    restore_generator_state(restored, state)
+    assert run(restored, 4) == run(original, 4)
+    assert run(GroupGenerator(6, 2, seed=3, policy="all"), 4) == first
+    assert first != run(GroupGenerator(6, 2, seed=3, policy="all"), 8)[24:]  # not periodic
+
+
+def test_a_restored_generator_knows_the_speeds_and_refuses_another_size():
+    from ripples.schedule.generator_checkpoint import generator_state, restore_generator_state
+    now = [0.0]
+    gen = GroupGenerator(4, 2, seed=0, policy="all", clock=lambda: now[0])
+    interval = {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.4}  # worker 3 asks 4x less often
+    for step in range(3):
+        for worker in range(4):
+            now[0] = step * interval[worker]
+            gen.request(worker)
+            gen.poll()
+    fresh = GroupGenerator(4, 2, seed=0, policy="all")
+    assert fresh.speed_estimate(3) is None
+    restore_generator_state(fresh, generator_state(gen))
+    assert [fresh.speed_estimate(w) for w in range(4)] == pytest.approx([0.1, 0.1, 0.1, 0.4])
+    with pytest.raises(ValueError, match="checkpoint is of 4 workers, this generator has 5"):
+        restore_generator_state(GroupGenerator(5, 2, seed=0), generator_state(gen))

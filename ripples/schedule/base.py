@@ -44,6 +44,14 @@ class Schedule(abc.ABC):
         return {"schedule": self.kind or type(self).__name__, "size": self.size,
                 "rank": self.rank}
 
+    def state(self) -> dict:
+        """What a checkpoint must keep beyond the step count to go on as an uninterrupted
+        run would (picklable); empty for the schedules that are functions of the step."""
+        return {}
+
+    def restore(self, state: dict) -> None:
+        """Go on from ``state`` (what ``state()`` returned, maybe on another rank)."""
+
     @abc.abstractmethod
     def groups_for_step(self, step: int) -> List[Assignment]:
         """The ``(seq, group)`` pairs to execute after local step ``step``, in execution

@@ -52,6 +52,7 @@ from ..core.errors import RipplesError, RipplesTimeoutError
 from .base import Assignment, Schedule, check_group_size
 from ..comm.doorbell import Doorbell
 from .generator import GroupGenerator
+from .generator_checkpoint import generator_state, restore_generator_state
 
 MAX_NAP_S = 5e-4
 IDLE_AFTER_S = 1.0
@@ -93,6 +94,8 @@ class GeneratorService:
         self._stop = threading.Event()
         self._sends: list = []
         self._request_ids: dict = {}  # worker -> id of its outstanding "groups" request
+        # Held by the thread while it uses the generator, and by snapshot() and restore().
+        self._generator_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="ripples-group-generator",
                                         daemon=True)
 
@@ -131,17 +134,19 @@ class GeneratorService:
             while len(self.closed) < size and not self._stop.is_set():
                 if self._sends:
                     self._sends = [req for req in self._sends if not req.Test()]
-                received = self._receive(MPI)
-                now = time.monotonic()
-                if received or (deadline is not None and now >= deadline):
-                    answers = self.generator.poll()  # only after an event or at a deadline
-                    for worker, pairs in answers.items():
-                        self._send(worker, ("ok", pairs, self._request_ids.pop(worker)))
-                    deadline = self.generator.next_deadline()
-                    if received or answers:
-                        self.last_activity = now
-                        nap = self.poll_interval_s
-                        continue
+                with self._generator_lock:
+                    received = self._receive(MPI)
+                    now = time.monotonic()
+                    answers = None
+                    if received or (deadline is not None and now >= deadline):
+                        answers = self.generator.poll()  # only after an event or a deadline
+                        for worker, pairs in answers.items():
+                            self._send(worker, ("ok", pairs, self._request_ids.pop(worker)))
+                        deadline = self.generator.next_deadline()
+                if received or answers:
+                    self.last_activity = now
+                    nap = self.poll_interval_s
+                    continue
                 self.wakeups += 1
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 quiet = now - max(rung, self.last_activity) >= BELL_GRACE_S
@@ -158,6 +163,16 @@ class GeneratorService:
                 time.sleep(self.poll_interval_s)
         except BaseException as exc:  # surfaced to the rank-0 client, which raises it
             self.error = exc
+
+    def snapshot(self) -> dict:
+        """The generator's checkpoint state (``generator_checkpoint``)."""
+        with self._generator_lock:
+            return generator_state(self.generator)
+
+    def restore(self, state: dict) -> None:
+        """Make the generator go on from ``state`` (``generator_checkpoint``)."""
+        with self._generator_lock:
+            restore_generator_state(self.generator, state)
 
     def _receive(self, MPI) -> bool:
         # A probe that finds nothing still runs MPI's progress, which may only then take in
@@ -240,6 +255,16 @@ class GeneratorSchedule(Schedule):
     def settings(self) -> dict:
         return {**super().settings(), "group_size": self.group_size,
                 "ranks_per_node": self._ranks_per_node}
+
+    def state(self) -> dict:
+        """On rank 0, which runs the generator, its checkpoint state; elsewhere empty."""
+        return {} if self._service is None else {"generator": self._service.snapshot()}
+
+    def restore(self, state: dict) -> None:
+        """On rank 0, make the generator go on from the state rank 0 saved (the other ranks
+        hold no generator state: loading another rank's checkpoint is fine)."""
+        if self._service is not None and "generator" in state:
+            self._service.restore(state["generator"])
 
     def groups_for_step(self, step: int) -> List[Assignment]:
         self._check_step(step)

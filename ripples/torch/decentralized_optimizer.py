@@ -137,8 +137,9 @@ class DecentralizedOptimizer(WrappedOptimizer):
     of the step (the random one draws from ``(seed, step)``), so the counters are their
     whole state. The ``"generator"`` schedule forms groups from the order in which ranks
     become ready, so a resumed run restores the parameters, optimizer state and counters
-    but not the identical sequence of groups: every rank starts a fresh generator (see
-    ``GeneratorSchedule``). Each rank saves its own state, with its schedule's settings
+    but not the identical sequence of groups; rank 0's state also keeps the generator's
+    random state, counters and the ranks' speeds (``generator_checkpoint``), which rank 0
+    restores when it loads it. Each rank saves its own state, with its schedule's settings
     (schedule, world size, group size...); ``load_state_dict`` raises ValueError, naming
     the setting, when they differ from this optimizer's (e.g. another group size). A rank
     may load the state another rank saved (every rank loading rank 0's checkpoint): the
@@ -285,6 +286,9 @@ class DecentralizedOptimizer(WrappedOptimizer):
         state = super().extra_state()
         state["syncs"] = self._syncs
         state["schedule"] = self.schedule.settings()
+        schedule_state = self.schedule.state()
+        if schedule_state:
+            state["schedule_state"] = schedule_state
         return state
 
     def check_extra_state(self, extra: dict) -> None:
@@ -295,6 +299,7 @@ class DecentralizedOptimizer(WrappedOptimizer):
     def load_extra_state(self, extra: dict) -> None:
         super().load_extra_state(extra)
         self._syncs = int(extra.get("syncs", 0))
+        self.schedule.restore(extra.get("schedule_state", {}))
 
     def leave(self) -> None:
         """Stop training on this rank: run the groups already assigned to it, get no more."""

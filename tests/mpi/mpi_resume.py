@@ -95,6 +95,7 @@ def resume(path, schedule):
     error = error_of(opt, torch.load(path((R + 1) % P))['opt'])
     say(f"FOREIGN {error} STEPS {opt.state_dict()['ripples']['steps']}")
     first = torch.load(path(0))
+    say(f"GENERATOR_STATE {int('schedule_state' in first['opt']['ripples'])}")
     model.load_state_dict(first["model"])
     opt.load_state_dict(first["opt"])
     train(model, opt, K, N)
