@@ -103,9 +103,31 @@ def test_restarts_stop_at_max_restarts_and_each_runs_on_max_np(tmp_path):
     (["-np", "3", "--max-np", "2"], "min-np <= np <= max-np"),
     (["-np", "3", "--min-np", "0"], "min-np <= np <= max-np"),
     (["-np", "3", "--max-np", "3", "--max-restarts", "-1"], "--max-restarts"),
-    (["-np", "3", "--max-np", "3", "--ps-servers", "1"], "parameter servers"),
+    (["-np", "3", "--min-np", "2", "--max-np", "3", "--ps-servers", "1"],
+     "parameter-server jobs restart on as many ranks as before"),
 ])
 def test_elastic_flags_are_checked(flags, message, capsys):
     with pytest.raises(SystemExit):
         parse_args(flags + ["python", "t.py"])
     assert message in capsys.readouterr().err
+
+
+def test_a_killed_parameter_server_resumes_from_the_last_commit(tmp_path):
+    """1 server + 3 workers, BSP, commits every 5 steps; worker 0 kills the server before
+    step 8. The job fails, the launcher starts it again, and the servers are loaded with the
+    commit of step 5 (parameters and optimizer state): steps 5-19 are redone, and the final
+    model equals one process averaging the 3 workers' gradients for 20 steps."""
+    script = str(TESTS_DIR / "mpi" / "ps_server_restart.py")
+    result = subprocess.run(
+        [sys.executable, "-m", "ripples.runner.launch", "-np", "4", "--min-np", "4",
+         "--max-np", "4", "--ps-servers", "1", "--max-restarts", "1", "--elastic-dir",
+         str(tmp_path / "dir"), "--timeout", "20", sys.executable, script, str(tmp_path), "20",
+         "8"], capture_output=True, text=True, timeout=240, env=mpi_env(), cwd=str(tmp_path))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "the job failed (exit 137): restart 1 of 1" in output, output
+    finals = re.findall(r"FINAL rank=(\d) launch=(\d) step=(\d+) gap=(\S+)", result.stdout)
+    assert sorted(rank for rank, *_ in finals) == ["0", "1", "2"], output
+    assert ("0", "2") in [(rank, launch) for rank, launch, *_ in finals], output  # relaunched
+    assert all(step == "20" and float(gap) < 1e-5 for *_, step, gap in finals), output
+

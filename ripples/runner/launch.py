@@ -300,9 +300,10 @@ def _check_elastic(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                      f"{args.min_np} <= {args.np} <= {args.max_np}")
     if args.max_restarts < 0:
         parser.error(f"argument --max-restarts: must be >= 0, got {args.max_restarts}")
-    if args.ps_servers:
-        parser.error("arguments --min-np/--max-np: elastic restarts need hvd.elastic "
-                     "(all-reduce training), not parameter servers")
+    if args.ps_servers and args.min_np != args.max_np:
+        parser.error("arguments --min-np/--max-np: parameter-server jobs restart on as many "
+                     f"ranks as before (the servers' chunks are laid out for them): give "
+                     f"--min-np {args.max_np} --max-np {args.max_np}")
 
 
 def _ripples_settings(args: argparse.Namespace) -> Dict[str, str]:

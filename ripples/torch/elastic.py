@@ -106,8 +106,9 @@ class State:
         """Raise ``RestartForGrowth`` when the launcher can restart the job on more ranks
         (``Config.max_np`` above the current size)."""
         rt = _runtime.current()
-        if rt.config.elastic_dir and rt.size < rt.config.max_np:
-            self.stop_for_restart(f"the world has {rt.size} ranks, {rt.config.max_np} wanted")
+        wanted = _training_ranks(rt.config, rt.config.max_np)
+        if rt.config.elastic_dir and rt.size < wanted:
+            self.stop_for_restart(f"the world has {rt.size} training ranks, {wanted} wanted")
 
     def stop_for_restart(self, reason: str) -> None:
         """Ask the launcher for a restart from the commit on disk (rank 0), then raise
@@ -175,8 +176,11 @@ class TorchState(State):
     """A model, an optimizer and plain attributes, kept in step across ranks.
 
     ``model``: a ``torch.nn.Module`` (its ``state_dict``); ``optimizer``: a torch optimizer
-    or ripples' ``DistributedOptimizer`` (the wrapped optimizer's state is saved); further
-    keyword arguments become attributes. An ``ElasticSampler`` among them is saved,
+    or ripples' ``DistributedOptimizer`` (the wrapped optimizer's state is saved; in
+    parameter-server mode, where the servers hold the parameters and the optimizer's state,
+    rank 0 saves the servers' state at each commit, and a launch that resumes from a commit
+    loads it back onto the servers in ``sync()``, collectively); further keyword arguments
+    become attributes. An ``ElasticSampler`` among them is saved,
     restored, synchronized and re-partitioned with the rest.
     """
 
@@ -194,6 +198,7 @@ class TorchState(State):
         self._saved_model = None
         self._saved_optimizer = None
         self._saved_samplers: dict = {}
+        self._servers_to_load = None  # PS mode: a resumed commit's server state, for sync()
         self.save()
 
     def commit(self) -> None:
@@ -218,6 +223,8 @@ class TorchState(State):
     def load_persisted(self, saved: dict) -> None:
         self._saved_model = saved["model"]
         self._saved_optimizer = saved["optimizer"]
+        if _on_servers(self.optimizer):
+            self._servers_to_load = saved["optimizer"]
         self._saved_samplers = saved["samplers"]
         super().load_persisted(saved)
 
@@ -225,7 +232,11 @@ class TorchState(State):
         super().save()
         if self.model is not None:
             self._saved_model = copy.deepcopy(self.model.state_dict())
-        if self.optimizer is not None:
+        if _on_servers(self.optimizer):
+            # Only rank 0 persists a commit; asking the servers costs their whole state.
+            if _runtime.current().rank == 0:
+                self._saved_optimizer = self.optimizer.state_dict()
+        elif self.optimizer is not None:
             self._saved_optimizer = copy.deepcopy(self._inner_optimizer().state_dict())
         self._saved_samplers = {name: sampler.state_dict()
                                 for name, sampler in self._samplers.items()}
@@ -234,7 +245,9 @@ class TorchState(State):
         super().restore()
         if self.model is not None:
             self.model.load_state_dict(self._saved_model)
-        if self.optimizer is not None:
+        # In PS mode the servers outlive a dead worker and stay the truth (the next pull
+        # brings their parameters); a resumed commit reaches them in sync().
+        if self.optimizer is not None and not _on_servers(self.optimizer):
             self._inner_optimizer().load_state_dict(copy.deepcopy(self._saved_optimizer))
         for name, sampler in self._samplers.items():
             sampler.load_state_dict(self._saved_samplers[name])
@@ -244,7 +257,12 @@ class TorchState(State):
         (collective), then save them."""
         if self.model is not None:
             broadcast_parameters(self.model.state_dict(), root_rank=0)
-        if self.optimizer is not None:
+        if _on_servers(self.optimizer):
+            servers_state = broadcast_object(self._servers_to_load, root_rank=0)
+            self._servers_to_load = None
+            if servers_state is not None:  # every worker: loading is collective
+                self.optimizer.load_state_dict(servers_state)
+        elif self.optimizer is not None:
             broadcast_optimizer_state(self._inner_optimizer(), root_rank=0)
         for sampler in self._samplers.values():
             # Every rank's processed samples count, and rank 0's epoch.
@@ -319,6 +337,12 @@ class ElasticSampler(torch.utils.data.Sampler):
         return self.num_samples
 
 
+def _on_servers(optimizer) -> bool:
+    """Whether ``optimizer`` is a parameter-server optimizer (its state lives on servers)."""
+    from ripples.ps.optimizer import PSOptimizer
+    return isinstance(optimizer, PSOptimizer)
+
+
 def _processed_by_all(sampler: "ElasticSampler") -> set:
     """The samples every rank's ``sampler`` has processed this epoch (collective)."""
     return {i for part in allgather_object(sorted(sampler.processed_indices)) for i in part}
@@ -361,9 +385,14 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _training_ranks(config, launched: int) -> int:
+    """How many of ``launched`` ranks train: all but the parameter servers in PS mode."""
+    return launched - (config.ps_servers + config.ps_spare if config.ps_servers else 0)
+
+
 def _stop_if_below_min_np(state: State) -> None:
     rt = _runtime.current()
-    if rt.config.elastic_dir and rt.size < rt.config.min_np:
+    if rt.config.elastic_dir and rt.size < _training_ranks(rt.config, rt.config.min_np):
         # Rank 0 of the first world may have died writing the last commit.
         state.persist()
         state.stop_for_restart(f"the world shrank to {rt.size} ranks, below min_np "
