@@ -82,11 +82,13 @@ def run_mpi(argv: list[str], nprocs: int, timeout: float = 180, env: dict | None
     return result
 
 
-def run_pytest_under_mpi(module: str, nprocs: int, timeout: float = 180, extra_args=(),
+def run_pytest_under_mpi(modules, nprocs: int, timeout: float = 180, extra_args=(),
                          env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the pytest module ``tests/mpi/<module>`` on every rank of an ``nprocs`` job."""
-    path = TESTS_DIR / "mpi" / module
+    """Run the pytest module ``tests/mpi/<module>`` (or several, in the order given, in one
+    pytest session: one job instead of one per module) on every rank of an ``nprocs`` job."""
+    paths = [str(TESTS_DIR / "mpi" / module)
+             for module in ([modules] if isinstance(modules, str) else modules)]
     # "-n 0": one process per rank, whatever pytest.ini's addopts ask of the outer session.
     return run_mpi([sys.executable, "-m", "pytest", "-q", "-x", "--color=no", "-p", "no:cacheprovider",
-                    "-p", "no:randomly", "-n", "0", str(path), *extra_args], nprocs,
+                    "-p", "no:randomly", "-n", "0", *paths, *extra_args], nprocs,
                    timeout=timeout, env=env)

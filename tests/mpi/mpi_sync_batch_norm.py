@@ -1,6 +1,6 @@
 """hvd.SyncBatchNorm against torch's BatchNorm on the concatenation of every member's batch.
 
-Run by tests/test_sync_batch_norm_mpi.py under mpiexec at 1, 2 and 4 ranks. Every rank
+Run by tests/test_conformance_mpi.py under mpiexec at 1, 2 and 4 ranks. Every rank
 builds every member's batch from a per-rank seed, so each one computes the single-process
 reference locally; float64 keeps the comparison tight. The reference loss is the sum of the
 members' losses, whose weight and bias gradients are the sum of the members' local ones.
@@ -21,9 +21,19 @@ SHAPES = [pytest.param(torch.nn.BatchNorm1d, (C,), id="2-D"),
           pytest.param(torch.nn.BatchNorm1d, (C, 5), id="3-D"),
           pytest.param(torch.nn.BatchNorm2d, (C, 3, 4), id="4-D"),
           pytest.param(torch.nn.BatchNorm3d, (C, 2, 3, 2), id="5-D")]
-# At one rank the even ranks are the world, which is registered already (as in Horovod).
-EVENS = hvd.add_process_set(list(range(0, N, 2))) if N > 1 else hvd.global_process_set
-ODDS = hvd.add_process_set(list(range(1, N, 2))) if N > 1 else None
+
+
+@pytest.fixture(scope="module")
+def halves():
+    """The even and the odd ranks' process sets, registered for this module's tests and
+    removed after them (other modules of the same job register sets of these ranks). At
+    one rank the even ranks are the world, which is registered already (as in Horovod)."""
+    evens = hvd.add_process_set(list(range(0, N, 2))) if N > 1 else hvd.global_process_set
+    odds = hvd.add_process_set(list(range(1, N, 2))) if N > 1 else None
+    yield evens, odds
+    for process_set in (evens, odds):
+        if process_set is not None:
+            hvd.remove_process_set(process_set)
 
 
 def uneven_rows(rank, step):
@@ -127,9 +137,9 @@ def test_only_input_requires_no_grad():
                           **TIGHT)
 
 
-def test_subset_process_sets_run_side_by_side():
+def test_subset_process_sets_run_side_by_side(halves):
     """Even ranks synchronize among themselves while odd ranks do among theirs."""
-    mine_set = EVENS if R % 2 == 0 else ODDS
+    mine_set = halves[0] if R % 2 == 0 else halves[1]
     compare_training(torch.nn.BatchNorm2d, (C, 2, 2), process_set=mine_set)
 
 
@@ -139,12 +149,13 @@ def test_process_set_of_one_rank_is_plain_batchnorm():
                      rows_of=lambda r, step: 4 + r)
 
 
-def test_non_member_is_refused_with_its_rank():
-    if R in EVENS.ranks:
-        compare_training(torch.nn.BatchNorm1d, (C,), process_set=EVENS, steps=1,
+def test_non_member_is_refused_with_its_rank(halves):
+    evens = halves[0]
+    if R in evens.ranks:
+        compare_training(torch.nn.BatchNorm1d, (C,), process_set=evens, steps=1,
                          eval_after=False)
         return
-    sync = hvd.SyncBatchNorm(C, process_set=EVENS)
+    sync = hvd.SyncBatchNorm(C, process_set=evens)
     with pytest.raises(ValueError, match=rf"rank {R} is not a member of its process_set"):
         sync(torch.randn(4, C))
     sync.eval()  # running statistics need no members: evaluating alone is allowed
@@ -238,7 +249,7 @@ def test_training_with_distributed_optimizer_matches_one_process():
     assert torch.allclose(model[1].running_var, reference[1].running_var, **TIGHT)
 
 
-def test_convert_sync_batchnorm_shares_parameters_and_matches():
+def test_convert_sync_batchnorm_shares_parameters_and_matches(halves):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(2, C, 1), torch.nn.BatchNorm2d(C),
                                 torch.nn.ReLU(), torch.nn.Sequential(torch.nn.BatchNorm2d(C)))
@@ -258,7 +269,7 @@ def test_convert_sync_batchnorm_shares_parameters_and_matches():
     assert converted.state_dict().keys() == reference.state_dict().keys()
 
     bare = torch.nn.BatchNorm1d(C, momentum=None, affine=False).eval()
-    single = hvd.SyncBatchNorm.convert_sync_batchnorm(bare, process_set=EVENS)
-    assert isinstance(single, hvd.SyncBatchNorm) and single.process_set is EVENS
+    single = hvd.SyncBatchNorm.convert_sync_batchnorm(bare, process_set=halves[0])
+    assert isinstance(single, hvd.SyncBatchNorm) and single.process_set is halves[0]
     assert single.momentum is None and not single.affine and not single.training
     assert single.running_mean is bare.running_mean

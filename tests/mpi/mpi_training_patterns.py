@@ -382,19 +382,22 @@ def test_groups_as_lists_of_parameters():
 def test_process_set_averages_over_its_members_only():
     members = list(range(max(1, N // 2)))
     process_set = hvd.add_process_set(members) if len(members) < N else hvd.global_process_set
-    model = make_model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
-                                   named_parameters=model.named_parameters(),
-                                   process_set=process_set)
-    loss_of(model, *batch(0, R)).backward()
-    everyone = hvd.allgather_object(local_grads(model))
-    opt.synchronize()
-    for n, p in model.named_parameters():
-        expected = (sum(everyone[r][n] for r in members) / len(members) if R in members
-                    else everyone[R][n])
-        assert torch.allclose(p.grad, expected, atol=1e-6), n
-    with opt.skip_synchronize():
-        opt.step()
+    try:
+        model = make_model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                       named_parameters=model.named_parameters(),
+                                       process_set=process_set)
+        loss_of(model, *batch(0, R)).backward()
+        everyone = hvd.allgather_object(local_grads(model))
+        opt.synchronize()
+        for n, p in model.named_parameters():
+            expected = (sum(everyone[r][n] for r in members) / len(members) if R in members
+                        else everyone[R][n])
+            assert torch.allclose(p.grad, expected, atol=1e-6), n
+        with opt.skip_synchronize():
+            opt.step()
+    finally:  # other modules of the same job register sets of these ranks
+        hvd.remove_process_set(process_set)
 
 
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
