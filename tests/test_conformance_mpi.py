@@ -18,11 +18,14 @@ SAMPLER = "mpi_sampler.py"  # the shared DistributedSampler
 BATCH_NORM = "mpi_sync_batch_norm.py"  # SyncBatchNorm
 OPTIMIZER = "mpi_optimizer.py"  # DistributedOptimizer's modes
 AUTOGRAD = "mpi_autograd.py"  # gradients of the collectives
+NATIVE_LANE = "native_lane.py"  # the native steady-state lane (tests/test_native_lane.py
+# runs it with the lane off as well)
+ADPSGD = "mpi_adpsgd_async.py"  # asynchronous AD-PSGD: 3 ranks make two actives share a passive
 
 MODULES = {
-    1: [SAMPLER, BATCH_NORM, OPTIMIZER, AUTOGRAD],
-    2: [SCHEDULES, FLAT, PATTERNS, SAMPLER, BATCH_NORM, AUTOGRAD],
-    3: [FLAT],
+    1: [SAMPLER, BATCH_NORM, OPTIMIZER, AUTOGRAD, ADPSGD],
+    2: [SCHEDULES, NATIVE_LANE, FLAT, PATTERNS, SAMPLER, BATCH_NORM, AUTOGRAD, ADPSGD],
+    3: [NATIVE_LANE, FLAT, ADPSGD],
     4: [SCHEDULES, PATTERNS, SAMPLER, BATCH_NORM, OPTIMIZER, AUTOGRAD],
 }
 

@@ -1,5 +1,5 @@
-"""The native lane: its steady state under mpiexec, with the lane on and off, and its
-build and status without processes."""
+"""The native lane: its steady state under mpiexec with the lane off (on, it runs in
+tests/test_conformance_mpi.py), and its build and status without processes."""
 import os
 
 import pytest
@@ -34,12 +34,8 @@ def test_eligible_wire_texts():
     assert not native_lane._eligible_wire("broadcast|float32|10|0")
 
 
-@pytest.mark.parametrize("nprocs", [2, 3])
-def test_lane_on_under_mpi(nprocs):
-    run_pytest_under_mpi("native_lane.py", nprocs, timeout=240)
-
-
 def test_lane_off_under_mpi():
+    # With the lane on, tests/mpi/native_lane.py runs in tests/test_conformance_mpi.py.
     run_pytest_under_mpi("native_lane.py", 2, timeout=240, env={native_lane.ENV: "0"})
 
 
