@@ -2,21 +2,31 @@
 ``tests/mpi`` check themselves on every worker and abort the job on failure)."""
 import sys
 
+import pytest
 from mpi_launch import TESTS_DIR, run_mpi
+
+# Its module-scoped fixture runs once per test process: keep its tests in one.
+pytestmark = pytest.mark.xdist_group("ps_casp_epsp")
 
 
 def script(name, *args):
     return [sys.executable, str(TESTS_DIR / "mpi" / name), *map(str, args)]
 
 
-def test_casp_one_community_is_bsp_one_each_is_asp_and_regrouping_keeps_every_update():
-    out = run_mpi(script("mpi_ps_casp.py", "equivalence"), 5, timeout=150).stdout
-    assert "casp equivalence OK" in out
+@pytest.fixture(scope="module")
+def five_rank_casp():
+    """The two 5-rank CASP scenarios, one after the other in one job (a rank's start costs
+    seconds of CPU)."""
+    return run_mpi(script("mpi_ps_casp.py", "equivalence", "uneven"), 5, timeout=240).stdout
 
 
-def test_casp_workers_may_stop_after_different_numbers_of_steps():
-    out = run_mpi(script("mpi_ps_casp.py", "uneven"), 5, timeout=120).stdout
-    assert "casp uneven OK" in out
+def test_casp_one_community_is_bsp_one_each_is_asp_and_regrouping_keeps_every_update(
+        five_rank_casp):
+    assert "casp equivalence OK" in five_rank_casp
+
+
+def test_casp_workers_may_stop_after_different_numbers_of_steps(five_rank_casp):
+    assert "casp uneven OK" in five_rank_casp
 
 
 def test_casp_stalled_member_fails_its_community_and_the_other_continues():

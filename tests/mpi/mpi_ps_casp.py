@@ -10,6 +10,7 @@ Usage: mpi_ps_casp.py equivalence   (5 ranks: 4 workers) C=1 is BSP step by step
        mpi_ps_casp.py failure       (4 ranks: 3 workers, communities (0,) and (1, 2)):
                                      worker 2 stalls, worker 1 gets a timeout naming it,
                                      worker 0 keeps training alone
+       mpi_ps_casp.py equivalence uneven   both, one after the other, in one job
 """
 import sys
 import time
@@ -240,4 +241,7 @@ def failure():
               flush=True)
 
 
-run({"equivalence": equivalence, "uneven": uneven, "failure": failure}[sys.argv[1]])
+SCENARIOS = {"equivalence": equivalence, "uneven": uneven, "failure": failure}
+# Several scenarios of one job size run one after another in one PS context (one job):
+# init() is idempotent, and each scenario builds PSOptimizers (sessions) of its own.
+run(lambda: [SCENARIOS[name]() for name in sys.argv[1:]])
