@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import traceback
 
 from mpi4py import MPI
 
@@ -35,8 +36,13 @@ def install(rank: int, size: int, fault_tolerant: bool) -> None:
             return
         previous = sys.excepthook
 
-        def end_job_on_uncaught(kind, value, traceback):
-            previous(kind, value, traceback)
+        def end_job_on_uncaught(kind, value, tb):
+            if previous is sys.__excepthook__:
+                # One write: Python's own hook writes the last line in pieces, and the
+                # launcher's abort notice could land between them in the job's output.
+                _write_once("".join(traceback.format_exception(kind, value, tb)))
+            else:
+                previous(kind, value, tb)
             leave(rank, kind, fault_tolerant)
 
         sys.excepthook = end_job_on_uncaught
@@ -62,6 +68,14 @@ def end_job(message: str) -> None:
     _say(message)
     if MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.COMM_WORLD.Abort(EXIT_STATUS)
+
+
+def _write_once(text: str) -> None:
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _say(message: str) -> None:
