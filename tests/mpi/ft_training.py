@@ -81,6 +81,17 @@ def twin_gap(members_at):
     return max((a - b).abs().max().item() for a, b in zip(model.parameters(), twin.parameters()))
 
 
+def train_steps(optimizer):
+    """``steps`` plain steps of this rank's batches (dying where told); returns the count."""
+    for step in range(steps):
+        maybe_die(step)
+        x, y = batch(step)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return steps
+
+
 loss0 = loss_of(model)
 if mode == "decentralized":
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -90,14 +101,7 @@ if mode == "decentralized":
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                          named_parameters=model.named_parameters(),
                                          **mode_args)
-    done = 0
-    for step in range(steps):
-        maybe_die(step)
-        x, y = batch(step)
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        done += 1
+    done = train_steps(optimizer)
     hvd.join()
     averaged = hvd.average_model(model)
     final_loss = loss_of(averaged)
@@ -105,14 +109,7 @@ elif mode == "ps":
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                          named_parameters=model.named_parameters(),
                                          sync="ps", policy=schedule)
-    done = 0
-    for step in range(steps):
-        maybe_die(step)
-        x, y = batch(step)
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        done += 1
+    done = train_steps(optimizer)
     optimizer.join()  # the final parameters, pulled from the servers
     dead = optimizer.metrics()["server_load"][0]["dead"]
     print(f"PS_SERVER rank={hvd.rank()} dead={','.join(map(str, dead))}", flush=True)

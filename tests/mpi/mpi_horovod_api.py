@@ -1218,20 +1218,23 @@ def test_broadcast_optimizer_state_options(opt_name):
     _train_once(model, opt, x, y)
 
 
+class Indexed(torch.nn.Module):
+    """A frozen int32 index ``a`` = [1, 3] into a float parameter ``b``."""
+
+    def __init__(self, b):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+        self.b = torch.nn.Parameter(b)
+
+    def forward(self, x):
+        return torch.index_select(self.b, 0, self.a.long()) * x
+
+
 @agreed
 def test_broadcast_state_with_a_frozen_integer_parameter():
     """A parameter that does not require grad (an int index) survives
     broadcast_parameters/broadcast_optimizer_state and keeps grad None."""
-    class Indexed(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
-            self.b = torch.nn.Parameter(torch.rand(4))
-
-        def forward(self, x):
-            return torch.index_select(self.b, 0, self.a.long()) * x
-
-    model = Indexed()
+    model = Indexed(torch.rand(4))
     opt = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9,
                           nesterov=True)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
@@ -1249,16 +1252,7 @@ def test_broadcast_optimizer_state_before_any_step_gives_zero_gradients():
     that broadcast like any tensor, the frozen index a keeps None, the parameters are
     unchanged (ripples takes no step), and the first backward then accumulates onto the
     zeros: x = r + 1 at indices 1 and 3 gives b.grad = [0, m, 0, m], m = (N + 1) / 2."""
-    class Indexed(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
-            self.b = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0, 4.0]))
-
-        def forward(self, x):
-            return torch.index_select(self.b, 0, self.a.long()) * x
-
-    model = Indexed()
+    model = Indexed(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     opt = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9,
                           nesterov=True)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
