@@ -12,12 +12,23 @@ not installable next to torch >= 2.1). Compute is EMULATED: each step is padded 
 ``--compute-ms`` (sleep) so that 8 ranks on 2 cores measure synchronization, not CPU
 contention. Ratios are against ``allreduce`` in the same job. ``--modes`` runs a subset
 (``allreduce`` always runs, as the reference).
+
+Across hosts: ``--netcluster`` starts the job on the emulated cluster of ``netcluster up``
+(ranks fill its hosts slot by slot, links shaped as it says; ``ripples/static`` and
+``ripples/generator-node`` group the ranks of a host first), and ``--model-mb`` adds one
+parameter of that many megabytes to the MLP (unused by the forward pass but for a zero
+term) so that every all-reduce, P-Reduce and exchange carries a bandwidth-bound payload:
+communication real, compute emulated.
+
+    netcluster up 4 --slots 2 --bw 1gbit
+    python benchmarks/train.py --netcluster --model-mb 20 --seconds 15 --json out.json
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -30,7 +41,8 @@ SCENARIOS = {
     "random-slow": {"random_slowdown": "0.1:5"},
 }
 MODES = [("allreduce", None), ("ripples", "static"), ("ripples", "random"),
-         ("ripples", "generator"), ("adpsgd", None), ("adpsgd-sync", None)]
+         ("ripples", "generator"), ("ripples", "generator-node"), ("adpsgd", None),
+         ("adpsgd-sync", None)]
 
 
 def mode_name(sync: str, schedule) -> str:
@@ -39,7 +51,8 @@ def mode_name(sync: str, schedule) -> str:
 
 MODE_NAMES = [mode_name(*m) for m in MODES] + ["ddp"]
 ALIASES = {"ripples": "ripples/generator", "static": "ripples/static",
-           "random": "ripples/random", "generator": "ripples/generator"}
+           "random": "ripples/random", "generator": "ripples/generator",
+           "generator-node": "ripples/generator-node"}
 
 
 def selected_modes(text: str) -> list:
@@ -61,10 +74,34 @@ def ceiling_steps_per_s(size: int, compute_ms: float, scenario: str) -> float:
     return size / t
 
 
+def pad_models(megabytes: float) -> None:
+    """Make ``ripples.demo.make_model`` (used by ``train_mode`` and the DDP row) add one
+    float32 parameter of ``megabytes`` to the model. Its only use is a zero term in the
+    output, so the loss and accuracy are the MLP's while every gradient all-reduce and
+    every model average carries the extra bytes."""
+    import torch
+    import ripples.demo as demo
+
+    small = demo.make_model
+
+    class Padded(torch.nn.Module):
+        def __init__(self, *args):
+            super().__init__()
+            self.net = small(*args)
+            self.pad = torch.nn.Parameter(torch.zeros(int(megabytes * 1e6) // 4))
+
+        def forward(self, x):
+            return self.net(x) + 0.0 * self.pad[0]
+
+    demo.make_model = Padded
+
+
 def worker(args) -> None:
     import ripples.torch as hvd
     from ripples.demo import load_data, train_mode
 
+    if args.model_mb:
+        pad_models(args.model_mb)
     scenario = SCENARIOS[args.scenario]
     settings = {k: v.format(last=args.np - 1) for k, v in scenario.items()}
     hvd.init(compute_ms=args.compute_ms, seed=args.seed, **settings)
@@ -111,8 +148,13 @@ def train_ddp(data, args) -> dict:
     if not dist.is_available():
         return {"mode": "ddp (gloo)", "note": "torch.distributed not available"}
     rank, size = hvd.rank(), hvd.size()
-    port = hvd.broadcast_object(launch.free_port() if rank == 0 else None, 0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    # Across hosts gloo's rendezvous must be reachable: rank 0's host address.
+    address = "127.0.0.1"
+    if hvd.local_size() != size:
+        address = socket.gethostbyname(socket.gethostname())
+    address, port = hvd.broadcast_object(
+        (address, launch.free_port(address)) if rank == 0 else None, 0)
+    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank,
                             world_size=size)
     model = make_model(data.x_train.shape[1], data.classes, args.seed)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -161,9 +203,10 @@ def run_scenario(args, scenario: str, out: str) -> None:
         __file__, "--worker", "--scenario", scenario, "--out", out, "--np", args.np,
         "--seconds", args.seconds, "--compute-ms", args.compute_ms, "--batch", args.batch,
         "--lr", args.lr, "--target", args.target, "--group-size", args.group_size,
-        "--seed", args.seed, "--modes", args.modes)
+        "--seed", args.seed, "--modes", args.modes, "--model-mb", args.model_mb)
     modes = len(selected_modes(args.modes))
-    launch.run_job(args.np, command, timeout=60 + 3 * args.seconds * modes)
+    launch.run_job(args.np, command, timeout=60 + 3 * args.seconds * modes,
+                   across_hosts=args.netcluster)
 
 
 def time_to_target_ratio(base: dict, ttt) -> str:
@@ -179,16 +222,16 @@ def time_to_target_ratio(base: dict, ttt) -> str:
 def table(scenario: str, rows, ceiling: float) -> str:
     base = rows[0]
     lines = [f"scenario {scenario}: ceiling {ceiling:.1f} steps/s",
-             f"{'mode':<20} {'steps/s':>8} {'x allred':>8} {'of ceil':>7} {'t->tgt(s)':>9} "
+             f"{'mode':<22} {'steps/s':>8} {'x allred':>8} {'of ceil':>7} {'t->tgt(s)':>9} "
              f"{'x allred':>8} {'avg acc':>7} {'worst':>6} {'consensus':>9} {'wait':>5}"]
     for row in rows:
         if "steps_per_s" not in row:
-            lines.append(f"{row['mode']:<20} {row.get('note', 'not run')}")
+            lines.append(f"{row['mode']:<22} {row.get('note', 'not run')}")
             continue
         ttt = row["time_to_target_s"]
         speed = time_to_target_ratio(base, ttt)
         lines.append(
-            f"{row['mode']:<20} {row['steps_per_s']:>8.1f} "
+            f"{row['mode']:<22} {row['steps_per_s']:>8.1f} "
             f"{stats.ratio(row['steps_per_s'], base['steps_per_s']):>7.2f}x "
             f"{stats.ratio(row['steps_per_s'], ceiling):>7.0%} "
             f"{(format(ttt, '.1f') if ttt else 'n/a'):>9} "
@@ -214,6 +257,10 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default=",".join(MODE_NAMES),
                         help=f"comma-separated, of {MODE_NAMES} (or {sorted(ALIASES)}); "
                              "allreduce always runs")
+    parser.add_argument("--model-mb", type=float, default=0.0,
+                        help="add a parameter of this many MB to the model (0: the MLP alone)")
+    parser.add_argument("--netcluster", action="store_true",
+                        help="run on the emulated cluster of 'netcluster up' (from h1)")
     parser.add_argument("--json", help="write all results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--scenario", help=argparse.SUPPRESS)
@@ -230,10 +277,15 @@ def main(argv=None) -> int:
         selected_modes(args.modes)
     except ValueError as exc:
         parser.error(str(exc))
+    model = "digits MLP" + (f" + {args.model_mb:g} MB parameter" if args.model_mb else "")
     print(f"end-to-end benchmark: {args.np} ranks on {os.cpu_count()} cores, compute EMULATED "
-          f"({args.compute_ms:g} ms/step), {args.seconds:g} s per mode, group size "
-          f"{args.group_size}, digits MLP, {time.strftime('%Y-%m-%d')}")
-    result = {"compute": "emulated", "args": vars(args), "scenarios": {}}
+          f"({args.compute_ms:g} ms/step), communication real, {args.seconds:g} s per mode, "
+          f"group size {args.group_size}, {model}, {time.strftime('%Y-%m-%d')}")
+    result = {"compute": "emulated", "communication": "real", "model": model,
+              "args": vars(args), "scenarios": {}}
+    if args.netcluster:
+        result["cluster"] = launch.cluster_status()
+        print(result["cluster"])
     for scenario in scenarios:
         out = f"/tmp/ripples_train_{scenario}_{os.getpid()}.json"
         run_scenario(args, scenario, out)

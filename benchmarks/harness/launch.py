@@ -6,6 +6,10 @@ with Open MPI allowed to run as root, ranks free to share cores (``--oversubscri
 --bind-to none``) and one torch/OpenMP thread per rank. The driver's own command line goes
 to the job in ``BENCH_COMMAND`` so that a rank writing the JSON records what was typed
 (``report.command_line``), not its ``mpiexec`` line.
+
+Across hosts, a job starts inside host ``h1`` of the emulated cluster that
+``netcluster up`` made (network namespaces joined by shaped TCP links): ``mpiexec`` then
+reads the cluster's hostfile and fills ``h1``, ``h2``, ... slot by slot.
 """
 from __future__ import annotations
 
@@ -48,11 +52,32 @@ def job_env(extra: Optional[dict] = None) -> dict:
     return env
 
 
-def mpiexec_command(ranks: int, argv: Sequence[str], declare_slots: bool = False) -> list:
+def netcluster() -> str:
+    """The ``netcluster`` tool: ``$NETCLUSTER``, on PATH, or the project's shared tools
+    beside the repository; RuntimeError when none is found."""
+    beside = Path(__file__).resolve().parents[3] / "shared" / "tools" / "netcluster"
+    for candidate in (os.environ.get("NETCLUSTER"), shutil.which("netcluster"), str(beside)):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise RuntimeError("netcluster not found: set NETCLUSTER or put it on PATH")
+
+
+def cluster_status() -> str:
+    """``netcluster status``: the emulated hosts, their links and shaping."""
+    return subprocess.run([netcluster(), "status"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def mpiexec_command(ranks: int, argv: Sequence[str], declare_slots: bool = False,
+                    across_hosts: bool = False) -> list:
     """``mpiexec -n ranks ... argv``. Ranks may outnumber cores: ``--oversubscribe``, or
     with ``declare_slots`` ``--host localhost:ranks`` (Open MPI turns
     ``mpi_yield_when_idle`` on for an oversubscribed job whatever the environment says;
-    declared slots keep the environment's choice)."""
+    declared slots keep the environment's choice). With ``across_hosts`` the job starts on
+    host ``h1`` of the running emulated cluster and its hostfile places the ranks."""
+    if across_hosts:
+        return [netcluster(), "exec", "h1", mpiexec(), "-n", str(ranks), "--bind-to", "none",
+                *argv]
     placement = ["--host", f"localhost:{ranks}"] if declare_slots else ["--oversubscribe"]
     return [mpiexec(), "-n", str(ranks), *placement, "--bind-to", "none", *argv]
 
@@ -64,11 +89,14 @@ def script_command(script: str, *args) -> list:
 
 def run_job(ranks: int, argv: Sequence[str], env: Optional[dict] = None,
             timeout: Optional[float] = None, capture: bool = False, check: bool = True,
-            declare_slots: bool = False) -> subprocess.CompletedProcess:
-    """Run ``argv`` under ``mpiexec -n ranks`` with ``job_env(env)``; with ``check`` a
-    failed job raises ``CalledProcessError``; with ``capture`` its output is returned as
-    text instead of shown."""
-    return subprocess.run(mpiexec_command(ranks, argv, declare_slots), env=job_env(env),
+            declare_slots: bool = False,
+            across_hosts: bool = False) -> subprocess.CompletedProcess:
+    """Run ``argv`` under ``mpiexec -n ranks`` with ``job_env(env)`` (on the emulated
+    cluster with ``across_hosts``); with ``check`` a failed job raises
+    ``CalledProcessError``; with ``capture`` its output is returned as text instead of
+    shown."""
+    return subprocess.run(mpiexec_command(ranks, argv, declare_slots, across_hosts),
+                          env=job_env(env),
                           timeout=timeout, check=check, capture_output=capture,
                           text=capture or None)
 
@@ -95,8 +123,8 @@ def result_of(done: subprocess.CompletedProcess, what: str):
     return json.loads(found[-1])
 
 
-def free_port() -> int:
-    """A TCP port free on this host now (for a gloo rendezvous)."""
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port free on ``address`` of this host now (for a gloo rendezvous)."""
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((address, 0))
         return probe.getsockname()[1]

@@ -12,14 +12,15 @@ other time to target, and every throughput, is a prediction.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .cli import build_parser, scenario_from_args
 from .runner import run_modes
 
 # benchmarks/train.py's mode names -> the simulator's.
 MODE_NAMES = {"allreduce": "allreduce", "ripples/static": "static", "ripples/random": "random",
-              "ripples/generator": "generator", "adpsgd": "adpsgd", "adpsgd-sync": "adpsgd-sync"}
+              "ripples/generator": "generator", "ripples/generator-node": "generator-node",
+              "adpsgd": "adpsgd", "adpsgd-sync": "adpsgd-sync"}
 SPEED_FLAGS = {"homogeneous": [], "one-slow": ["--speed", "stragglers", "--stragglers", "1",
                                                "--slow-factor", "5"],
                "random-slow": ["--speed", "random", "--slow-probability", "0.1",
@@ -33,12 +34,16 @@ def target_steps(report: Dict) -> int:
     return max(1, round(row["time_to_target_s"] * row["steps_per_s"] / report["args"]["np"]))
 
 
-def compare(report: Dict, extra_flags: Sequence[str] = ()) -> List[Dict]:
+def compare(report: Dict, extra_flags: Sequence[str] = (),
+            steps: Optional[int] = None) -> List[Dict]:
     """One row per measured (scenario, mode): measured and simulated throughput and time to
     target, and their ratios (simulated / measured). ``extra_flags``: ``ripples sim`` flags
-    applied on top, e.g. the software costs measured for the code a run used."""
+    applied on top, e.g. the software costs measured for the code a run used, or the links
+    and placement of a run across hosts. ``steps``: the target in all-reduce steps, default
+    ``target_steps(report)`` (give it when that run's all-reduce never reached its target:
+    the same model's from another run)."""
     args = report["args"]
-    steps = target_steps(report)
+    steps = target_steps(report) if steps is None else steps
     out = []
     for scenario, measured in report["scenarios"].items():
         by_mode = {MODE_NAMES[r["mode"]]: r for r in measured["modes"] if r["mode"] in MODE_NAMES}

@@ -1,0 +1,107 @@
+"""The simulator against training runs across emulated hosts, its links measured apart.
+
+    python benchmarks/sim_hosts.py --link benchmarks/results/link_hosts4x2_1gbit.json \\
+        --runs benchmarks/results/train_hosts4x2_1gbit_20mb_*.json \\
+        --json benchmarks/results/sim_hosts4x2_1gbit.json
+
+Each run of ``benchmarks/train.py --netcluster`` is simulated by ``ripples.sim.validation``
+(its rank count, step time, group size, wall time per mode, slowdowns, the ``this-machine``
+software costs) with the placement and links of the cluster: ``--workers-per-node`` the
+ranks per host, the model's bytes (the MLP plus ``--model-mb``), and the links as
+``benchmarks/link.py`` measured them with raw mpi4py, in two calibrations:
+
+* ``pingpong``: latency and bandwidth of a point-to-point message between two hosts and
+  within one;
+* ``allreduce``: the same, but the inter-host bandwidth is the one at which the network
+  model's ring reproduces the measured raw ``MPI.Allreduce`` of all ranks across the hosts
+  (TCP through the shaped switch with several flows per link reaches less than a single
+  flow).
+
+Neither comes from the training runs. The target (all-reduce steps to the target accuracy)
+comes from ``--target-from``, a run of the same MLP, when a run's own all-reduce never
+reached it. Rows: median over the runs of measured and simulated throughput per (scenario,
+mode) and the error of the simulation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from harness import report, stats
+
+MLP_MB = 0.03588  # the digits MLP's 8,970 float32 parameters (``ripples sim`` preset)
+
+
+def ring_bandwidth(nbytes: float, members: int, seconds: float, latency_s: float) -> float:
+    """The link bandwidth at which a ring all-reduce of ``nbytes`` among ``members`` takes
+    ``seconds`` (the network model's formula solved for the bandwidth)."""
+    steps = 2 * (members - 1)
+    return steps * nbytes / members / (seconds - steps * latency_s)
+
+
+def calibrations(link: dict) -> dict:
+    """``ripples sim`` flags of each calibration, from ``benchmarks/link.py``'s result."""
+    inter, intra = link["links"]["inter"], link["links"]["intra"]
+    size = len(link["hosts"])
+    common = ["--workers-per-node", str(link["ranks_per_host"]),
+              "--intra-gbps", f"{intra['gbps']:.4f}",
+              "--intra-latency-us", f"{intra['latency_us']:.1f}",
+              "--inter-latency-us", f"{inter['latency_us']:.1f}"]
+    effective = ring_bandwidth(link["model_mb"] * 1e6, size, link["allreduce_s"]["all ranks"],
+                               inter["latency_us"] * 1e-6)
+    return {"pingpong": common + ["--inter-gbps", f"{inter['gbps']:.4f}"],
+            "allreduce": common + ["--inter-gbps", f"{effective * 8 / 1e9:.4f}"]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--link", required=True, help="benchmarks/link.py's JSON")
+    parser.add_argument("--runs", nargs="+", required=True, help="train.py --netcluster JSONs")
+    parser.add_argument("--target-from", default=str(Path(__file__).parent / "results" /
+                                                     "train_np8.json"),
+                        help="run whose homogeneous all-reduce gives the target in steps")
+    parser.add_argument("--json", help="write the comparison here")
+    args = parser.parse_args(argv)
+    from ripples.sim.validation import compare, target_steps
+
+    link = json.loads(Path(args.link).read_text())
+    steps = target_steps(json.loads(Path(args.target_from).read_text()))
+    flags = calibrations(link)
+    per_row: dict = {}
+    for path in args.runs:
+        run = json.loads(Path(path).read_text())
+        model = ["--model-mb", str(MLP_MB + run["args"]["model_mb"])]
+        for name, extra in flags.items():
+            for row in compare(run, extra + model, steps=steps):
+                key = (row["scenario"], row["mode"])
+                entry = per_row.setdefault(key, {"measured": [], "sim": {}})
+                if name == "pingpong":
+                    entry["measured"].append(row["measured_steps_per_s"])
+                entry["sim"].setdefault(name, []).append(row["sim_steps_per_s"])
+    rows = []
+    for (scenario, mode), entry in per_row.items():
+        measured = stats.median(entry["measured"])
+        row = {"scenario": scenario, "mode": mode, "runs": len(entry["measured"]),
+               "measured_steps_per_s": measured}
+        for name, values in entry["sim"].items():
+            row[f"sim_{name}_steps_per_s"] = stats.median(values)
+            row[f"error_{name}"] = stats.median(values) / measured - 1
+        rows.append(row)
+    print(f"{'scenario':<12} {'mode':<15} {'measured':>8} " +
+          " ".join(f"{'sim ' + n:>14} {'error':>6}" for n in flags))
+    for r in rows:
+        print(f"{r['scenario']:<12} {r['mode']:<15} {r['measured_steps_per_s']:>8.1f} " +
+              " ".join(f"{r[f'sim_{n}_steps_per_s']:>14.1f} {r[f'error_{n}']:>+6.0%}"
+                       for n in flags))
+    if args.json:
+        report.write_json(args.json, {"link": args.link, "runs": args.runs,
+                                      "target_steps": steps, "calibrations": flags,
+                                      "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

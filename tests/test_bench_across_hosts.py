@@ -1,0 +1,64 @@
+"""What the across-hosts benchmarks compute without a cluster: the padded model of
+``train.py --model-mb``, the ``mpiexec`` line of a job on the emulated cluster, and the
+simulator calibration of ``sim_hosts.py`` (its effective bandwidth is the network model's
+ring solved backwards). No processes are started."""
+import sys
+
+import pytest
+
+from mpi_launch import REPO_DIR
+
+sys.path.insert(0, str(REPO_DIR / "benchmarks"))
+import sim_hosts  # noqa: E402
+import train  # noqa: E402
+from harness import launch  # noqa: E402
+
+from ripples.sim.network import Link, Network  # noqa: E402
+
+
+def test_padded_model_carries_the_bytes_and_computes_the_same(monkeypatch):
+    import torch
+    import ripples.demo as demo
+    monkeypatch.setattr(demo, "make_model", demo.make_model)  # restored afterwards
+    small = demo.make_model(64, 10, 0)
+    train.pad_models(0.004)
+    padded = demo.make_model(64, 10, 0)
+    assert padded.pad.numel() == 1000
+    x = torch.randn(5, 64)
+    assert torch.equal(padded(x), small(x))
+    padded(x).sum().backward()
+    assert padded.pad.grad is not None and padded.pad.grad.abs().sum() == 0
+
+
+def test_generator_node_is_a_mode():
+    assert "ripples/generator-node" in train.selected_modes("generator-node")
+
+
+def test_a_job_across_hosts_starts_on_h1_without_local_placement(monkeypatch):
+    monkeypatch.setenv("NETCLUSTER", __file__)  # any existing file stands for the tool
+    command = launch.mpiexec_command(8, ["python", "x.py"], across_hosts=True)
+    assert command[:3] == [__file__, "exec", "h1"]
+    assert "-n" in command and "8" in command and "--oversubscribe" not in command
+    assert "--host" not in command
+
+
+@pytest.mark.parametrize("members,latency", [(8, 0.0), (4, 90e-6)])
+def test_effective_bandwidth_reproduces_the_measured_allreduce(members, latency):
+    nbytes, seconds = 20e6, 1.0
+    bandwidth = sim_hosts.ring_bandwidth(nbytes, members, seconds, latency)
+    network = Network(workers_per_node=1, inter=Link(latency, bandwidth))
+    assert network.allreduce_s(nbytes, members, members) == pytest.approx(seconds)
+
+
+def test_calibrations_differ_only_in_the_inter_host_bandwidth():
+    link = {"hosts": ["h1"] * 2 + ["h2"] * 2, "ranks_per_host": 2, "model_mb": 20.0,
+            "links": {"inter": {"latency_us": 90.0, "gbps": 0.95},
+                      "intra": {"latency_us": 80.0, "gbps": 27.0}},
+            "allreduce_s": {"all ranks": 1.0}}
+    flags = sim_hosts.calibrations(link)
+    ping, allreduce = (dict(zip(f[::2], f[1::2])) for f in (flags["pingpong"],
+                                                             flags["allreduce"]))
+    assert ping["--inter-gbps"] == "0.9500"
+    assert float(allreduce["--inter-gbps"]) < 0.95
+    assert {k: v for k, v in ping.items() if k != "--inter-gbps"} == \
+        {k: v for k, v in allreduce.items() if k != "--inter-gbps"}
