@@ -15,12 +15,12 @@ from typing import Callable, List, Optional, Tuple
 
 from mpi4py import MPI
 
-from ripples.comm import failures
+from ripples.comm import fail_fast, failures, membership
 from ripples.comm.groups import CommunicatorCache, Group
 from ripples.comm.data_watch import DataPhaseWatch
 from ripples.comm.liveness import Liveness
 from ripples.core.config import Config
-from ripples.core.errors import NotInitializedError, RanksFailedError
+from ripples.core.errors import NotInitializedError, PeersSilentError, RanksFailedError
 from ripples.observe.timeline import NullTimeline, Timeline, make_timeline
 
 log = logging.getLogger("ripples")
@@ -70,6 +70,8 @@ class Runtime:
         self.attach: Callable[["Runtime"], None] = lambda runtime: None
         self._recovery_lock = threading.Lock()
         self.last_failure: Optional[RanksFailedError] = None
+        # Silent ranks the survivors went on without (``recover``), described.
+        self.left_behind: List[str] = []
         self._connect(comm)
         self.timeline = make_timeline(config.timeline, self.rank)
         if config.verbose:
@@ -96,7 +98,8 @@ class Runtime:
                                          self.config.stall_warning_s, self.liveness.probe,
                                          self.config.fault_tolerant,
                                          enabled=self.liveness.answering,
-                                         name_hosts=self.liveness.on_hosts)
+                                         name_hosts=self.liveness.on_hosts,
+                                         revoke=self.revoke_world)
         self.local = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = self.local.Get_rank()
         self.local_size = self.local.Get_size()
@@ -161,7 +164,8 @@ class Runtime:
 
     def raised(self, error: BaseException, generation: Optional[int] = None) -> BaseException:
         """What to raise for ``error``: in fault-tolerant mode a process failure (a dead
-        peer, or a communicator revoked after one) becomes ``RanksFailedError`` once the
+        peer, or a communicator revoked after one) or peers that do not answer
+        (``PeersSilentError``: frozen, or cut off) becomes ``RanksFailedError`` once the
         survivors have moved onto a smaller world (``recover``); anything else is itself.
 
         ``generation``: the world the failed operation started in; a failure of an earlier
@@ -169,15 +173,17 @@ class Runtime:
         """
         if isinstance(error, RanksFailedError):  # recovered from already
             return error
-        if not (self.config.fault_tolerant and _caused_by_process_failure(error)):
+        if not (self.config.fault_tolerant and _recoverable_failure(error)):
             return error
         if generation is not None and generation < self.generation:
             return self.last_failure
         return self.recover(error)
 
     def recover(self, error: BaseException) -> RanksFailedError:
-        """Survive dead ranks: revoke every communicator of this world (so that the other
-        survivors stop waiting in them too), shrink it to the survivors, and rebuild the
+        """Survive dead or silent ranks: revoke every communicator of this world (so that the
+        other survivors stop waiting in them too), agree who goes on
+        (``ripples.comm.membership``: a side without a majority stops there), make the
+        world of those, and rebuild the
         world, control, service and liveness communicators, the group cache and the engine
         on the smaller world. Collective over the survivors; returns the error to raise.
 
@@ -185,12 +191,7 @@ class Runtime:
         world (gradient buckets, schedules) sees ``generation`` change and plans again.
         """
         with self._recovery_lock:
-            revoke_list = [self.world, self.ctl, self.service_comm, self.peers, self.local,
-                           self.cross, self.liveness.comm]
-            if self.cache is not None:
-                revoke_list += self.cache.comms()
-            revoke_list += [reducer.comm for reducer in list(self.reducers)]
-            failures.revoke(revoke_list)
+            self.revoke_world()
             for abandon in list(self.abandon_hooks):
                 abandon()
             old_rank, old_size = self.rank, self.size
@@ -199,11 +200,21 @@ class Runtime:
             for reducer in list(self.reducers):
                 reducer.abandon(error)
             self.reducers = weakref.WeakSet()
-            self.liveness.abandon()
             self.data_watch.close()
             if self.nccl is not None:
                 self.nccl.close()
-            survivors, failed = failures.shrink(self.world)
+            # Who goes on: the ranks that reach each other, if a majority (else this exits).
+            decision = membership.agree(self.liveness, self.generation, self.liveness.on_hosts)
+            if decision.silent:  # alive to MPI: a shrink would wait for them
+                survivors = membership.new_world(self.liveness.comm, decision)
+                failed = sorted(decision.silent + decision.dead)
+                how = (f"did not answer (frozen, hung or cut off: rank(s) {decision.silent}"
+                       f"{self.liveness.on_hosts(decision.silent)})")
+                self._left_behind(decision.silent)
+            else:
+                survivors, failed = failures.shrink(self.world)
+                how = "died"
+            self.liveness.abandon()  # after the round: the others' probes needed its answers
             self._connect(survivors)
             survivors.Free()
             self.attach(self)
@@ -211,7 +222,7 @@ class Runtime:
             for rebuild in list(self.rebuild_hooks):
                 rebuild()
             failure = RanksFailedError(
-                f"rank(s) {failed} of the {old_size}-rank world died ({error}); the "
+                f"rank(s) {failed} of the {old_size}-rank world {how} ({error}); the "
                 f"{self.size} survivors go on: this rank was {old_rank}, now {self.rank}",
                 failed=failed, size=self.size, rank=self.rank, generation=self.generation)
             self.last_failure = failure
@@ -220,11 +231,31 @@ class Runtime:
             callback()
         return failure
 
+    def revoke_world(self) -> None:
+        """Revoke every communicator of this world but the liveness one (fault tolerant):
+        each rank waiting in one, now or later, fails out of it and recovers. Safe from any
+        thread."""
+        comms = [self.world, self.ctl, self.service_comm, self.peers, self.local, self.cross]
+        if self.cache is not None:
+            comms += self.cache.comms()
+        comms += [reducer.comm for reducer in list(self.reducers)]
+        failures.revoke(comms)
+
+    def _left_behind(self, silent: List[int]) -> None:
+        """The survivors went on without ``silent`` ranks that may still be running:
+        ``MPI_Finalize`` would wait for them, so this process ends without it."""
+        if not self.left_behind:
+            atexit.register(_exit_without_finalizing, self)
+        self.left_behind.append(f"rank(s) {silent} of the {self.size}-rank world"
+                                f"{self.liveness.on_hosts(silent)}")
+
     def close(self) -> None:
         """Stop the engine, run the ``at_shutdown`` closers, write the timeline, release
         the communicators."""
         if self.engine is not None:
             self.engine.close()
+        if self.left_behind:  # no survivor exits while another still needs its messages
+            self.world.Barrier()
         while self._closers:
             self._closers.pop()()
         self.stop_timeline()
@@ -287,11 +318,31 @@ def on_reset(callback: Callable[[], None]) -> None:
     _reset_callbacks.append(callback)
 
 
-def _caused_by_process_failure(error: BaseException) -> bool:
-    """Whether ``error``, or an error it was raised from, is an MPI process failure."""
+def _exit_without_finalizing(runtime: Runtime) -> None:
+    """At interpreter exit, after ``runtime`` left silent ranks behind: shut down (``close``
+    meets the other survivors), tell the launcher (rank 0), and end the process without
+    ``MPI_Finalize``, which would wait for the silent ranks."""
+    status = 0
+    try:
+        if _current is runtime:
+            shutdown()
+    except Exception as exc:  # noqa: BLE001 - exiting either way; say why it is not clean
+        fail_fast.say(f"rank {runtime.rank} could not shut down cleanly: {exc}")
+        status = 1
+    if runtime.rank == 0:
+        fail_fast.say(f"{failures.FINISHED_WITHOUT} {'; '.join(runtime.left_behind)}, which "
+                      "may still run: the launcher ends them")
+    fail_fast.flush_streams()
+    os._exit(status)
+
+
+def _recoverable_failure(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, is an MPI process failure, or
+    names peers that did not answer a liveness check (fault tolerant: both are recovered
+    from)."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if failures.is_process_failure(error):
+        if failures.is_process_failure(error) or isinstance(error, PeersSilentError):
             return True
         seen.add(id(error))
         error = error.__cause__ or error.__context__

@@ -4,7 +4,10 @@ all-reduce mode through ``hvd.elastic.run``, rolled back to the last commit."""
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +16,8 @@ from mpi4py import MPI
 from mpi_launch import TESTS_DIR, run_mpi
 from ripples.comm import failures
 from ripples.core.errors import RanksFailedError
-from ripples.runtime import _caused_by_process_failure
+from ripples.runner.job_process import _descendants
+from ripples.runtime import _recoverable_failure
 
 SCRIPT = str(TESTS_DIR / "mpi" / "ft_training.py")
 STEPS = 30
@@ -157,6 +161,51 @@ def test_a_shared_epoch_goes_on_when_a_rank_dies_holding_a_chunk(dead_rank):
     assert sorted(i for o in survivors for i in trained[o, 1]) == list(range(120))
 
 
+def test_a_frozen_rank_is_left_behind_and_stops_when_it_thaws():
+    """Rank 2 of 4 freezes (SIGSTOP) at step 12 of elastic all-reduce training: alive to MPI,
+    so no process failure is ever reported. The liveness check finds it silent; the other
+    three agree to go on without it, roll back to the last commit and finish (the model of
+    one process averaging 4 gradients up to step 9 and 3 after). Thawed once they are done,
+    rank 2 fails in its next collective and stops; ripplesrun ends the job (mpiexec would
+    wait for a rank still frozen), with status 0: the survivors finished."""
+    ripplesrun = str(Path(sys.executable).parent / "ripplesrun")
+    command = [ripplesrun, "-np", "4", "--fault-tolerant", "--timeout", "5", sys.executable,
+               SCRIPT, "elastic", "allreduce", "2", "12", str(STEPS)]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, env={**os.environ, "FT_TRAINING_FREEZE": "1"})
+    lines, frozen = [], None
+    try:
+        for line in job.stdout:
+            lines.append(line)
+            if frozen is None and sum(x.startswith("SURVIVOR") for x in lines) == 3:
+                frozen = [pid for pid in _descendants(job.pid) if _state(pid) == "T"]
+                assert len(frozen) == 1, "".join(lines)
+                os.kill(frozen[0], signal.SIGCONT)
+        job.wait(timeout=60)
+    finally:
+        job.kill()
+    out = "".join(lines)
+    survivors = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in lines
+                 if line.startswith("SURVIVOR")]
+    assert sorted(int(s["old_rank"]) for s in survivors) == [0, 1, 3], out
+    assert all(s["size"] == "3" and int(s["steps"]) == STEPS for s in survivors), out
+    twins = re.findall(r"TWIN rank=\d max_difference=(\S+)", out)
+    assert len(twins) == 3 and all(float(gap) < 1e-5 for gap in twins), out
+    assert "rank(s) [2] of the 4-rank world did not answer (frozen" in out, out
+    # thawed, it never trains on: its next collective fails (the others are gone)
+    assert "WOKE old_rank=2" in out and "old_rank=2 size" not in out, out
+    assert "the survivors finished without rank(s) [2]" in out, out
+    assert job.returncode == 0, out
+    assert _state(frozen[0]) in ("", "Z"), out  # ended, not left running
+
+
+def _state(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
 def test_fault_tolerant_without_ulfm_is_refused_on_every_rank():
     code = ("import ripples.torch as hvd\n"
             "try:\n    hvd.init()\n"
@@ -180,8 +229,8 @@ def test_process_failures_are_told_from_other_errors():
         except MPI.Exception as exc:
             raise RuntimeError("the generator did not answer") from exc
     except RuntimeError as wrapped:
-        assert _caused_by_process_failure(wrapped)
-    assert not _caused_by_process_failure(RuntimeError("plain"))
+        assert _recoverable_failure(wrapped)
+    assert not _recoverable_failure(RuntimeError("plain"))
 
 
 def test_ulfm_is_on_only_when_mpiexec_enabled_it():

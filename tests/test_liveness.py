@@ -114,6 +114,44 @@ def test_a_rank_that_gave_up_is_hung_only_to_waits_that_began_before(monkeypatch
     rank.close()
 
 
+def test_a_silent_peer_is_named_as_silent_so_fault_tolerance_can_go_on_without_it(monkeypatch):
+    from mpi4py import MPI
+
+    from ripples.comm import liveness as module
+    from ripples.core.errors import PeersSilentError, RipplesTimeoutError
+
+    rank = module.Liveness(MPI.COMM_SELF.Dup(), T, T, enabled=False)
+    monkeypatch.setattr(rank, "probe", lambda peers: {4: PeerState(OUTSIDE, NEVER), 5: None})
+    rank.enabled, rank._thread = True, object()  # as if its responder ran
+    rank.hosts = ["h1"] * 5 + ["h2"]
+    with pytest.raises(PeersSilentError, match=r"rank\(s\) \[5\] \(on h2\)") as raised:
+        rank.keep_waiting([4, 5], RipplesTimeoutError("allreduce: missing", missing=[4, 5]))
+    assert raised.value.silent == (5,) and raised.value.missing == (4, 5)
+    rank._thread = None
+    rank.close()
+
+
+def test_a_data_phase_with_a_silent_member_revokes_under_fault_tolerance_else_aborts():
+    from ripples.comm.data_watch import DataPhaseWatch
+
+    events = []
+    answers = {1: PeerState(OUTSIDE, NEVER), 2: None}
+    for fault_tolerant in (True, False):
+        watch = DataPhaseWatch(0, T, T, probe=lambda peers: {p: answers[p] for p in peers},
+                               fault_tolerant=fault_tolerant,
+                               abort=lambda message: events.append(("abort", message)),
+                               revoke=lambda: events.append(("revoke", "")))
+        watch.check([0, 1, 2], "allreduce 'x'", waited_s=T + 1)
+    assert [kind for kind, _ in events] == ["revoke", "abort"]
+    assert "rank(s) [2]" in events[1][1] and "allreduce 'x'" in events[1][1]
+    events.clear()
+    answers[2] = PeerState(OUTSIDE, NEVER)  # everyone answers: a slow phase is waited for
+    DataPhaseWatch(0, T, T, probe=lambda peers: {p: answers[p] for p in peers},
+                   fault_tolerant=True, revoke=lambda: events.append("revoke"),
+                   abort=lambda message: events.append("abort")).check([1, 2], "x", T + 1)
+    assert events == []
+
+
 def test_slow_is_not_dead_under_mpiexec():
     run_pytest_under_mpi("mpi_liveness.py", 3, timeout=150, env={"RIPPLES_TIMEOUT_S": "2"})
 

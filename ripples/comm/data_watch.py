@@ -11,8 +11,9 @@ members how they are (``Liveness.probe``):
   ``Config.stall_warning_s``, and the wait goes on;
 - a member does not answer: it is dead or frozen, and the rank cannot leave the MPI call.
   The job is ended with ``MPI_Abort`` after a message naming the member and the
-  collective. Under ``Config.fault_tolerant`` Open MPI's failure detector ends the call
-  instead (with an error the recovery handles), so this only warns.
+  collective. Under ``Config.fault_tolerant`` the world's communicators are revoked
+  instead (``revoke``): the call fails with an error the recovery handles, and the ranks
+  that still reach each other go on (``ripples.comm.membership``).
 """
 from __future__ import annotations
 
@@ -32,20 +33,23 @@ class DataPhaseWatch:
     ``probe(peers)``: the liveness question (None for a peer that did not answer);
     ``name_hosts(ranks)``: where those ranks run, as text appended to their list;
     ``enabled``: whether the peers answer such questions at all (else nothing is watched);
-    ``abort``: ends the job (MPI_Abort by default), called with the message.
+    ``abort``: ends the job (MPI_Abort by default), called with the message;
+    ``revoke``: fault tolerant, what makes the blocked call fail instead.
     """
 
     def __init__(self, rank: int, timeout_s: float, stall_s: float,
                  probe: Callable[[Sequence[int]], Dict[int, object]], fault_tolerant: bool,
                  enabled: bool = True,
                  name_hosts: Callable[[Sequence[int]], str] = lambda ranks: "",
-                 abort: Optional[Callable[[str], None]] = None):
+                 abort: Optional[Callable[[str], None]] = None,
+                 revoke: Callable[[], None] = lambda: None):
         self.rank, self.timeout_s, self.stall_s = rank, timeout_s, stall_s
         self.enabled = enabled
         self.fault_tolerant = fault_tolerant
         self._probe = probe
         self._name_hosts = name_hosts
         self._abort = abort or fail_fast.end_job
+        self._revoke = revoke
         self._phases: Dict[int, Tuple[float, Tuple[int, ...], str]] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -98,7 +102,9 @@ class DataPhaseWatch:
                    f"{self.rank} waited {waited_s:.0f} s in the data phase (after the members "
                    "agreed): they have died or are frozen")
         if self.fault_tolerant:
-            log.warning("%s; Open MPI's failure detection will end the wait", message)
+            log.warning("%s; fault tolerant: the world's communicators are revoked, and the "
+                        "ranks that reach each other go on", message)
+            self._revoke()
             return
         self._closing.set()
         self._abort(f"{message}; a blocking MPI call cannot be left, so the job is ended "

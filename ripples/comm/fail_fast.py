@@ -57,7 +57,7 @@ def leave(rank: int, kind: type, fault_tolerant: bool) -> None:
     message = (f"rank {rank} raised an uncaught {kind.__name__} and {action}; "
                "RIPPLES_ABORT_ON_EXCEPTION=0 lets it exit normally instead")
     if fault_tolerant:
-        _say(message)
+        say(message)
         os._exit(EXIT_STATUS)
     end_job(message)
 
@@ -65,7 +65,7 @@ def leave(rank: int, kind: type, fault_tolerant: bool) -> None:
 def end_job(message: str) -> None:
     """Print ``ripples: message`` and end the whole job (``MPI_Abort``): what every bound
     does that finds a wait which cannot end otherwise."""
-    _say(message)
+    say(message)
     if MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.COMM_WORLD.Abort(EXIT_STATUS)
 
@@ -78,8 +78,15 @@ def _write_once(text: str) -> None:
         pass
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """Print ``ripples: message`` to standard error and flush both streams (the process may
+    end right after, without Python's own flush)."""
     print(f"ripples: {message}", file=sys.stderr)
+    flush_streams()
+
+
+def flush_streams() -> None:
+    """Flush standard output and error, whatever state they are in."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -41,6 +41,10 @@ from typing import Iterable, List, Tuple
 MPIEXEC_ARGS = ("--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "async_mpi_finalize",
                 "1")
 
+# Printed by the survivors' rank 0 at exit when they went on without silent ranks (frozen,
+# or on a host cut off), which mpiexec waits for: the launcher then ends the job.
+FINISHED_WITHOUT = "the survivors finished without"
+
 
 
 @functools.lru_cache(maxsize=None)

@@ -43,7 +43,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 from mpi4py import MPI
 
 from ripples.comm.stack_watch import MainThreadWatch
-from ripples.core.errors import RipplesTimeoutError
+from ripples.core.errors import PeersSilentError, RipplesTimeoutError
 
 log = logging.getLogger("ripples")
 
@@ -225,7 +225,11 @@ class Liveness:
                      f"{self.timeout_s + grace_s(self.timeout_s):g} s with no busy rank to "
                      "wait for: the members are waiting on each other (a collective some "
                      "member never calls, or calls in another order)")
-        failure = RipplesTimeoutError(f"{error}; {found}", missing=error.missing)
+        if verdict.dead:
+            failure = PeersSilentError(f"{error}; {found}", missing=error.missing,
+                                       silent=verdict.dead)
+        else:
+            failure = RipplesTimeoutError(f"{error}; {found}", missing=error.missing)
         failure.finding = found
         raise failure from error
 
@@ -246,16 +250,28 @@ class Liveness:
             pause = 1e-4
             while waiting and time.monotonic() < end:
                 for peer in list(waiting):
-                    while self._comm.iprobe(source=peer, tag=_PONG):
-                        echo, state = self._comm.recv(source=peer, tag=_PONG)
-                        if echo == sequence:  # else a late answer to an earlier question
-                            answers[peer] = PeerState(*state)
-                            waiting.remove(peer)
-                            break
+                    try:
+                        state = self._answer(peer, sequence)
+                    except MPI.Exception:  # it died (fault tolerant: MPI says so)
+                        answers[peer] = None
+                        waiting.remove(peer)
+                        continue
+                    if state is not None:
+                        answers[peer] = state
+                        waiting.remove(peer)
                 time.sleep(pause)
                 pause = min(0.01, pause * 2)
             answers.update({peer: None for peer in waiting})
             return answers
+
+    def _answer(self, peer: int, sequence: int) -> Optional[PeerState]:
+        """``peer``'s answer to question ``sequence`` if it has come (older answers are
+        dropped)."""
+        while self._comm.iprobe(source=peer, tag=_PONG):
+            echo, state = self._comm.recv(source=peer, tag=_PONG)
+            if echo == sequence:
+                return PeerState(*state)
+        return None
 
     def _warn(self, error: RipplesTimeoutError, verdict: Verdict,
               states: Dict[int, Optional[PeerState]]) -> None:

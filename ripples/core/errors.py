@@ -23,6 +23,16 @@ class RipplesTimeoutError(RipplesError, TimeoutError):
         self.finding = ""
 
 
+class PeersSilentError(RipplesTimeoutError):
+    """A wait timed out and ``silent`` (world ranks) did not answer a liveness check: dead,
+    frozen, or cut off by the network. Under ``Config.fault_tolerant`` the ranks that can
+    still reach each other go on without them when they are a majority."""
+
+    def __init__(self, *args, missing=(), silent=()):
+        super().__init__(*args, missing=missing)
+        self.silent = tuple(silent)
+
+
 class RanksFailedError(RipplesError):
     """Ranks died, and the survivors have already moved onto a smaller world
     (``Config.fault_tolerant``): the operation that raised it did not complete, and

@@ -3,7 +3,8 @@
 Ctrl-C is forwarded to mpiexec, which stops the ranks. mpiexec's error output passes
 through unchanged, watched for two of Open MPI's ways of ending badly: it ends a job whose
 host was lost (killed, powered off) with exit status 0, and after an ``MPI_Abort`` it may
-wait for good to reach the processes of a host cut off from the network.
+wait for good to reach the processes of a host cut off from the network, as it does after
+fault-tolerant survivors finished without ranks that stopped answering (``FINISHED_WITHOUT``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
+
+from ripples.comm import failures
 
 EXIT_HOST_LOST = 1
 EXIT_ABORT_STUCK = 1
@@ -42,18 +45,29 @@ def run_job(argv: List[str], env: Dict[str, str]) -> int:
         except subprocess.TimeoutExpired:
             if not watcher.overdue():
                 continue
-            # A rank aborted the job, and mpiexec still waits for a host it cannot reach.
-            print(f"ripplesrun: error: mpiexec did not end within {ABORT_GRACE_S:g} s of "
-                  "MPI_Abort (a host cut off?): stopping it", file=sys.stderr, flush=True)
+            # mpiexec still waits for ranks it cannot reach (a host cut off, a frozen rank)
+            # after a rank aborted the job, or after the survivors finished without them.
+            if watcher.survivors_finished:
+                print(f"ripplesrun: the survivors finished; mpiexec still waits after "
+                      f"{ABORT_GRACE_S:g} s for ranks left behind (frozen or cut off): "
+                      "stopping it", file=sys.stderr, flush=True)
+            else:
+                print(f"ripplesrun: error: mpiexec did not end within {ABORT_GRACE_S:g} s of "
+                      "MPI_Abort (a host cut off?): stopping it", file=sys.stderr, flush=True)
             for pid in [*_descendants(proc.pid), proc.pid]:  # its remote shells too
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             code = proc.wait()
             watcher.join(timeout=5)
-            return EXIT_ABORT_STUCK
+            return 0 if watcher.survivors_finished else EXIT_ABORT_STUCK
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
     watcher.join(timeout=5)  # a shell left on a lost host may hold the pipe open
+    if code != 0 and watcher.survivors_finished:
+        # Ranks left behind stop with an error of their own; the job's result is the survivors'.
+        print(f"ripplesrun: the survivors finished; mpiexec's status {code} comes from the "
+              "ranks left behind: exit status 0", file=sys.stderr, flush=True)
+        return 0
     if code == 0 and watcher.lost:
         print(f"ripplesrun: error: the job was terminated because host(s) "
               f"{', '.join(watcher.lost)} were lost (Open MPI lost its daemon there: killed, "
@@ -87,23 +101,26 @@ class LostHostWatcher(threading.Thread):
                        rb"on node (\S+)", re.S)
 
     _ABORT = b"MPI_ABORT was invoked"
+    _FINISHED_WITHOUT = f"ripples: {failures.FINISHED_WITHOUT}".encode()
 
     def __init__(self, source, sink):
         super().__init__(name="ripplesrun-stderr", daemon=True)
         self._source, self._sink = source, sink
         self.lost: List[str] = []
-        self.aborted_at: Optional[float] = None
+        # When the job should have ended: a rank aborted it, or the survivors finished.
+        self.ending_at: Optional[float] = None
+        self.survivors_finished = False
 
     def give_up_in(self) -> float:
         """How long to wait for mpiexec before looking at ``overdue`` again."""
-        if self.aborted_at is None:
+        if self.ending_at is None:
             return 1.0
-        return max(0.05, self.aborted_at + ABORT_GRACE_S - time.monotonic())
+        return max(0.05, self.ending_at + ABORT_GRACE_S - time.monotonic())
 
     def overdue(self) -> bool:
-        """Whether a rank aborted the job over ``ABORT_GRACE_S`` ago."""
-        return (self.aborted_at is not None
-                and time.monotonic() >= self.aborted_at + ABORT_GRACE_S)
+        """Whether the job should have ended over ``ABORT_GRACE_S`` ago."""
+        return (self.ending_at is not None
+                and time.monotonic() >= self.ending_at + ABORT_GRACE_S)
 
     def run(self) -> None:
         recent = b""  # enough of the latest output to hold one report split across reads
@@ -114,8 +131,11 @@ class LostHostWatcher(threading.Thread):
             self._sink.write(chunk)
             self._sink.flush()
             recent = (recent + chunk)[-8192:]
-            if self.aborted_at is None and self._ABORT in recent:
-                self.aborted_at = time.monotonic()
+            if self.ending_at is None and self._ABORT in recent:
+                self.ending_at = time.monotonic()
+            if self.ending_at is None and self._FINISHED_WITHOUT in recent:
+                self.ending_at = time.monotonic()
+                self.survivors_finished = True
             for match in self._LOST.finditer(recent):
                 host = match.group(1).decode(errors="replace")
                 if host not in self.lost:

@@ -9,13 +9,16 @@ to the last commit. MODE ``sampler``: one epoch through an ``ElasticSampler`` in
 ``hvd.elastic.run``; the survivors share the samples not processed at the last commit. MODE
 ``ps``: parameter-server training (``RIPPLES_PS_SERVERS`` set by the caller) with policy
 SCHEDULE; the servers drop the dead worker and go on with the rest. Rank DEAD_RANK calls ``os._exit(1)`` at step DIE_AT_STEP
-(or, with FT_TRAINING_RAISE=1, raises an uncaught RuntimeError there).
+(or, with FT_TRAINING_RAISE=1, raises an uncaught RuntimeError there; with
+FT_TRAINING_FREEZE=1, stops itself with SIGSTOP there: frozen, as if cut off; thawed, it
+goes on training).
 
 Each survivor prints ``SURVIVOR rank=R old_rank=O size=S resets=N steps=K loss0=.. loss=..
 checksum=..`` after ``join()``.
 """
 import faulthandler
 import os
+import signal
 import sys
 
 import torch
@@ -55,6 +58,10 @@ def maybe_die(step):
         sys.stdout.flush()
         if os.environ.get("FT_TRAINING_RAISE") == "1":  # an uncaught error ends the rank
             raise RuntimeError(f"an error in the training script on rank {old_rank}")
+        if os.environ.get("FT_TRAINING_FREEZE") == "1":  # alive to MPI, silent to all
+            os.kill(os.getpid(), signal.SIGSTOP)
+            print(f"WOKE old_rank={old_rank}", flush=True)
+            return  # thawed: it goes on as if nothing happened
         os._exit(1)
 
 
