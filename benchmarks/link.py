@@ -8,7 +8,9 @@ Ping-pong between rank 0 and a rank on another host (inter-node link) and on its
 (intra-node), over a sweep of sizes: the one-way time of the smallest message is the link's
 latency, the slope between the two largest its bandwidth. Then, as a check of the network
 model (not an input to it), plain ``MPI.Allreduce`` of ``--model-mb`` among all ranks, among
-one rank per host, and among the ranks of each host (every host at once). Pure
+one rank per host, and among the ranks of each host (every host at once); and the rate of
+one stream of ``--model-mb`` from a rank of each host to the next host, alone and with every
+host sending at once (do the links stay independent when all carry traffic?). Pure
 communication: no ripples, no torch. Without ``--netcluster`` the job runs on this host.
 """
 from __future__ import annotations
@@ -63,6 +65,28 @@ def allreduce_s(comm, groups, nbytes: int, iterations: int) -> float:
     return stats.median(times[1:])
 
 
+def streams_gbps(comm, senders, per_host: int, nbytes: int, iterations: int) -> float:
+    """Median rate (Gb/s, slowest stream) of one message of ``nbytes`` from each rank of
+    ``senders`` (first ranks of hosts) to the first rank of the next host, all at once."""
+    import numpy as np
+    from mpi4py import MPI
+    rank, size = comm.Get_rank(), comm.Get_size()
+    buf = np.zeros(nbytes, dtype=np.uint8)
+    source = (rank - per_host) % size
+    times = []
+    for _ in range(iterations + 1):
+        comm.Barrier()
+        start = time.perf_counter()
+        requests = []
+        if rank in senders:
+            requests.append(comm.Isend(buf, (rank + per_host) % size))
+        if source in senders and rank % per_host == 0:
+            requests.append(comm.Irecv(np.empty_like(buf), source))
+        MPI.Request.Waitall(requests)
+        times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    return nbytes * 8 / 1e9 / stats.median(times[1:])
+
+
 def worker(args) -> None:
     import socket
     from mpi4py import MPI
@@ -84,17 +108,23 @@ def worker(args) -> None:
               "each host's ranks, all hosts at once": nodes}
     measured = {name: allreduce_s(comm, groups, nbytes, args.iterations)
                 for name, groups in checks.items()}
+    firsts = [g[0] for g in nodes]
+    streams = {} if len(nodes) < 2 else {
+        "one stream alone": streams_gbps(comm, firsts[:1], per_host, nbytes, args.iterations),
+        "every host at once": streams_gbps(comm, firsts, per_host, nbytes, args.iterations)}
     if rank == 0:
         result = {"hosts": hosts, "ranks_per_host": per_host, "model_mb": args.model_mb,
                   "compute": "none (pure communication)",
                   "links": {name: fit(points) for name, points in rows.items() if points},
-                  "pingpong": rows, "allreduce_s": measured,
+                  "pingpong": rows, "allreduce_s": measured, "stream_gbps": streams,
                   "cluster": launch.cluster_status() if args.netcluster else None}
         for name, link in result["links"].items():
             print(f"{name}: latency {link['latency_us']:.0f} us, bandwidth "
                   f"{link['gbps']:.3f} Gb/s")
         for name, seconds in measured.items():
             print(f"MPI.Allreduce {args.model_mb:g} MB, {name}: {seconds * 1e3:.1f} ms")
+        for name, gbps in streams.items():
+            print(f"{args.model_mb:g} MB stream to the next host, {name}: {gbps:.3f} Gb/s")
         if args.json:
             report.write_json(args.json, result)
 

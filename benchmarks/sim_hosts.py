@@ -20,7 +20,7 @@ ranks per host, the model's bytes (the MLP plus ``--model-mb``), and the links a
 Neither comes from the training runs. The target (all-reduce steps to the target accuracy)
 comes from ``--target-from``, a run of the same MLP, when a run's own all-reduce never
 reached it. Rows: median over the runs of measured and simulated throughput per (scenario,
-mode) and the error of the simulation.
+mode, model) and the error of the simulation.
 """
 from __future__ import annotations
 
@@ -76,24 +76,26 @@ def main(argv=None) -> int:
         model = ["--model-mb", str(MLP_MB + run["args"]["model_mb"])]
         for name, extra in flags.items():
             for row in compare(run, extra + model, steps=steps):
-                key = (row["scenario"], row["mode"])
+                key = (run["args"]["model_mb"], row["scenario"], row["mode"])
                 entry = per_row.setdefault(key, {"measured": [], "sim": {}})
                 if name == "pingpong":
                     entry["measured"].append(row["measured_steps_per_s"])
                 entry["sim"].setdefault(name, []).append(row["sim_steps_per_s"])
     rows = []
-    for (scenario, mode), entry in per_row.items():
+    for (padding, scenario, mode), entry in per_row.items():
         measured = stats.median(entry["measured"])
-        row = {"scenario": scenario, "mode": mode, "runs": len(entry["measured"]),
+        row = {"model_mb": MLP_MB + padding, "scenario": scenario, "mode": mode,
+               "runs": len(entry["measured"]),
                "measured_steps_per_s": measured}
         for name, values in entry["sim"].items():
             row[f"sim_{name}_steps_per_s"] = stats.median(values)
             row[f"error_{name}"] = stats.median(values) / measured - 1
         rows.append(row)
-    print(f"{'scenario':<12} {'mode':<15} {'measured':>8} " +
+    print(f"{'model MB':>8} {'scenario':<12} {'mode':<15} {'measured':>8} " +
           " ".join(f"{'sim ' + n:>14} {'error':>6}" for n in flags))
     for r in rows:
-        print(f"{r['scenario']:<12} {r['mode']:<15} {r['measured_steps_per_s']:>8.1f} " +
+        print(f"{r['model_mb']:>8.2f} {r['scenario']:<12} {r['mode']:<15} "
+              f"{r['measured_steps_per_s']:>8.1f} " +
               " ".join(f"{r[f'sim_{n}_steps_per_s']:>14.1f} {r[f'error_{n}']:>+6.0%}"
                        for n in flags))
     if args.json:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.xdist_group("bench_entry_points")
 
 BENCHMARKS = REPO_DIR / "benchmarks"
 # Those with no smoke run below (a real run takes tens of seconds or more ranks than fit).
-SCRIPTS = ("train", "step", "generator_service_cpu", "fault_tolerance", "kernels")
+SCRIPTS = ("train", "step", "generator_service_cpu", "fault_tolerance", "kernels", "sim_hosts")
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +107,13 @@ def test_every_benchmark_module_imports():
     assert done.returncode == 0, done.stdout + done.stderr
     assert {"ps.policies", "ps.scenarios", "ps.psld", "ps.transport",
             "collectives.plugins"} <= set(done.stdout.split())
+
+
+def test_link_on_one_host(tmp_path):
+    """``link.py`` without ``--netcluster``: both ranks on this host, so only the intra-host
+    link is fitted and no stream crosses hosts."""
+    data = run(tmp_path, "benchmarks/link.py", "--np", "2", "--iterations", "1",
+               "--model-mb", "1")
+    check_stamp(data, "link.py", "--np 2")
+    assert list(data["links"]) == ["intra"] and data["links"]["intra"]["latency_us"] > 0
+    assert data["stream_gbps"] == {} and len(data["allreduce_s"]) == 3
