@@ -23,7 +23,7 @@ def worker(args) -> None:
     from mpi4py import MPI
 
     import ripples.demo as demo
-    from train import pad_models
+    from padded import pad_models
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

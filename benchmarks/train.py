@@ -74,33 +74,12 @@ def ceiling_steps_per_s(size: int, compute_ms: float, scenario: str) -> float:
     return size / t
 
 
-def pad_models(megabytes: float) -> None:
-    """Make ``ripples.demo.make_model`` (used by ``train_mode`` and the DDP row) add one
-    float32 parameter of ``megabytes`` to the model. Its only use is a zero term in the
-    output, so the loss and accuracy are the MLP's while every gradient all-reduce and
-    every model average carries the extra bytes."""
-    import torch
-    import ripples.demo as demo
-
-    small = demo.make_model
-
-    class Padded(torch.nn.Module):
-        def __init__(self, *args):
-            super().__init__()
-            self.net = small(*args)
-            self.pad = torch.nn.Parameter(torch.zeros(int(megabytes * 1e6) // 4))
-
-        def forward(self, x):
-            return self.net(x) + 0.0 * self.pad[0]
-
-    demo.make_model = Padded
-
-
 def worker(args) -> None:
     import ripples.torch as hvd
     from ripples.demo import load_data, train_mode
 
     if args.model_mb:
+        from padded import pad_models
         pad_models(args.model_mb)
     scenario = SCENARIOS[args.scenario]
     settings = {k: v.format(last=args.np - 1) for k, v in scenario.items()}

@@ -9,6 +9,7 @@ import pytest
 from mpi_launch import REPO_DIR
 
 sys.path.insert(0, str(REPO_DIR / "benchmarks"))
+import padded  # noqa: E402
 import sim_hosts  # noqa: E402
 import train  # noqa: E402
 from harness import launch  # noqa: E402
@@ -21,13 +22,13 @@ def test_padded_model_carries_the_bytes_and_computes_the_same(monkeypatch):
     import ripples.demo as demo
     monkeypatch.setattr(demo, "make_model", demo.make_model)  # restored afterwards
     small = demo.make_model(64, 10, 0)
-    train.pad_models(0.004)
-    padded = demo.make_model(64, 10, 0)
-    assert padded.pad.numel() == 1000
+    padded.pad_models(0.004)
+    model = demo.make_model(64, 10, 0)
+    assert model.pad.numel() == 1000
     x = torch.randn(5, 64)
-    assert torch.equal(padded(x), small(x))
-    padded(x).sum().backward()
-    assert padded.pad.grad is not None and padded.pad.grad.abs().sum() == 0
+    assert torch.equal(model(x), small(x))
+    model(x).sum().backward()
+    assert model.pad.grad is not None and model.pad.grad.abs().sum() == 0
 
 
 def test_generator_node_is_a_mode():
