@@ -1,7 +1,8 @@
 """Across hosts, on an emulated cluster of 3 hosts (``netcluster``: network namespaces with
 real TCP links that can be killed and cut): ``ripplesrun -H`` places ranks as asked with
 uneven slots, ``-x`` and ripples' own settings reach remote ranks, and a lost host ends the
-job non-zero within a bound, naming the host.
+job non-zero within a bound, naming the host; under ``--fault-tolerant`` a host cut off is
+left behind by the majority, and stops.
 
 Needs root and the ``netcluster`` tool (``$NETCLUSTER``, on PATH, or the project's shared
 tools beside the repository); without the tool these tests are skipped.
@@ -82,6 +83,9 @@ class Job:
         try:
             self.proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
+            # where each rank waits, into the log (across_hosts.py dumps its stacks)
+            subprocess.run(["pkill", "-USR1", "-f", SCRIPT], capture_output=True)
+            time.sleep(2)
             os.killpg(self.proc.pid, 9)
             pytest.fail(f"the job did not end within {limit} s:\n{self.output()}")
         return self.proc.returncode, self.output()
@@ -128,3 +132,50 @@ def test_a_host_cut_off_ends_the_job_non_zero_naming_it(cluster, tmp_path):
     assert code != 0, out
     assert took < 3 + 1 + 10 + 10, (took, out)
     assert "(on h2) did not answer" in out, out
+
+
+def test_a_host_cut_off_under_fault_tolerance_is_left_behind_and_stops(cluster, tmp_path):
+    """h2 (rank 2 of 5) is cut off: the 4 ranks on h1 and h3 agree to go on without it
+    after a stall of at most the timeout + 5 s and finish; rank 2 alone is no majority and
+    stops within the same bound (its message cannot reach the launcher); only h1 ever
+    writes the checkpoint. ripplesrun ends the job (mpiexec waits for the cut host) with
+    status 0: the survivors finished."""
+    checkpoint = tmp_path / "checkpoint.txt"
+    job = Job(["-np", "5", "-H", HOSTS, "--fault-tolerant", "--timeout", "5",
+               sys.executable, SCRIPT, "25", str(checkpoint)], tmp_path)
+    job.wait_for("READY", 5, 120)
+    while not (tmp_path / "checkpoint.txt.log").exists():  # a checkpoint of the 5 first
+        time.sleep(0.1)
+    cut_pid = int(re.search(r"^READY 2 sum=5 pid=(\d+)$", job.output(), re.M).group(1))
+    subprocess.run([NETCLUSTER, "cut", "h2"], check=True, capture_output=True, timeout=30)
+    cut_at = time.time()
+    while Path(f"/proc/{cut_pid}").exists() and time.time() - cut_at < 60:
+        time.sleep(0.2)
+    cut_side_took = time.time() - cut_at
+    code, out = job.finish(120)
+    subprocess.run([NETCLUSTER, "heal", "h2"], capture_output=True, timeout=30)
+    assert cut_side_took < 5 + 5, (cut_side_took, out)
+    finished = re.findall(r"^FINISHED (\d) size=(\d) stall=(\S+)$", out, re.M)
+    assert sorted(rank for rank, _, _ in finished) == ["0", "1", "2", "3"], out
+    assert all(size == "4" and float(stall) <= 5 + 5 for _, size, stall in finished), out
+    assert "rank(s) [2] of the 5-rank world did not answer" in out, out
+    assert "the survivors finished without rank(s) [2] of the 5-rank world (on h2)" in out
+    assert code == 0, out
+    writes = (tmp_path / "checkpoint.txt.log").read_text().splitlines()
+    assert {line.split()[0] for line in writes} == {"h1"}, writes
+    assert writes[0] == "h1 5" and writes[-1] == "h1 4", writes
+
+
+def test_a_cut_that_heals_within_the_timeout_costs_a_stall_and_nothing_else(cluster, tmp_path):
+    job = Job(["-np", "5", "-H", HOSTS, "--fault-tolerant", "--timeout", "8",
+               sys.executable, SCRIPT, "12", str(tmp_path / "checkpoint.txt")], tmp_path)
+    job.wait_for("READY", 5, 120)
+    subprocess.run([NETCLUSTER, "cut", "h2"], check=True, capture_output=True, timeout=30)
+    time.sleep(1.5)
+    subprocess.run([NETCLUSTER, "heal", "h2"], check=True, capture_output=True, timeout=30)
+    code, out = job.finish(120)
+    assert code == 0, out
+    finished = re.findall(r"^FINISHED (\d) size=(\d) stall=(\S+)$", out, re.M)
+    assert len(finished) == 5 and all(size == "5" for _, size, _ in finished), out
+    assert max(float(stall) for _, _, stall in finished) >= 1.0, out  # it did stall
+    assert "RECOVERED" not in out and "did not answer" not in out, out

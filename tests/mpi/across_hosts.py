@@ -1,10 +1,15 @@
 """Where each rank runs, then all-reduces in a loop (run by tests/test_hosts_netcluster.py
 on an emulated cluster).
 
-Usage: across_hosts.py SECONDS. Prints ``RANK r size= host= local= cross= FOO= TIMEOUT=``,
-then ``READY``, all-reduces every 20 ms for SECONDS, and prints ``FINISHED``.
+Usage: across_hosts.py SECONDS [CHECKPOINT]. Prints ``RANK r size= host= local= cross= FOO=
+TIMEOUT=``, then ``READY r sum= pid=``, all-reduces every 20 ms, SECONDS / 0.02 times, and prints
+``FINISHED r size= stall=`` (the longest all-reduce, in seconds). With CHECKPOINT, the
+loop goes on through ``RanksFailedError`` (fault tolerant), and every 0.5 s the current
+world's rank 0 writes CHECKPOINT and appends ``host size`` to CHECKPOINT.log.
 """
+import faulthandler
 import os
+import signal
 import socket
 import sys
 import time
@@ -14,14 +19,31 @@ import torch
 import ripples.torch as hvd
 from ripples import runtime
 
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # where each rank is, on demand
 hvd.init()
-print(f"RANK {hvd.rank()} size={hvd.size()} host={socket.gethostname()} "
+host = socket.gethostname()
+print(f"RANK {hvd.rank()} size={hvd.size()} host={host} "
       f"local={hvd.local_rank()}/{hvd.local_size()} cross={hvd.cross_rank()}/{hvd.cross_size()} "
       f"FOO={os.environ.get('FOO')} TIMEOUT={runtime.current().config.timeout_s:g}", flush=True)
 total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="check")
-print(f"READY {hvd.rank()} sum={total.item():g}", flush=True)
-end = time.time() + float(sys.argv[1])
-while time.time() < end:
-    hvd.allreduce(torch.ones(1000), name="g")
+print(f"READY {hvd.rank()} sum={total.item():g} pid={os.getpid()}", flush=True)
+checkpoint = sys.argv[2] if len(sys.argv) > 2 else None
+stall, last_write = 0.0, time.time()
+for _ in range(int(float(sys.argv[1]) / 0.02)):  # as many on every rank: no unmatched call
+    began = time.time()
+    try:
+        hvd.allreduce(torch.ones(1000), name="g")
+    except hvd.HorovodInternalError:
+        if checkpoint is None:
+            raise
+        print(f"RECOVERED {hvd.rank()} size={hvd.size()} after={time.time() - began:.1f}",
+              flush=True)
+    stall = max(stall, time.time() - began)
+    if checkpoint and hvd.rank() == 0 and time.time() - last_write > 0.5:
+        last_write = time.time()
+        with open(checkpoint, "w") as out:
+            out.write(f"{host} {hvd.size()}\n")
+        with open(checkpoint + ".log", "a") as log:
+            log.write(f"{host} {hvd.size()}\n")
     time.sleep(0.02)
-print(f"FINISHED {hvd.rank()}", flush=True)
+print(f"FINISHED {hvd.rank()} size={hvd.size()} stall={stall:.1f}", flush=True)
