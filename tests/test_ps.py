@@ -1,37 +1,37 @@
-"""Parameter-server mode under mpiexec: each script checks itself on every worker and
-aborts the job on failure (servers exit inside ripples.ps.start, so these are plain
-scripts rather than pytest modules)."""
-import sys
+"""Parameter-server mode under mpiexec: each scenario checks itself on every worker and
+aborts the job on failure (servers exit inside ripples.ps.start, so the scenarios run in
+plain scripts rather than pytest modules; tests/ps_jobs.py runs them)."""
+import pytest
 
-from mpi_launch import TESTS_DIR, run_mpi
+from ps_jobs import job_fixture
 
-
-def script(name, *args):
-    return [sys.executable, str(TESTS_DIR / "mpi" / name), *map(str, args)]
-
-
-def test_bsp_one_server_equals_synchronous_sgd():
-    out = run_mpi(script("mpi_ps_bsp.py", 1, "roundrobin"), 3, timeout=90).stdout
-    assert "bsp servers=1 placement=roundrobin OK" in out
+ps_3_ranks = job_fixture("ps_3_ranks")
+ps_4_ranks_2_servers = job_fixture("ps_4_ranks_2_servers")
+ps_5_ranks = job_fixture("ps_5_ranks")
 
 
-def test_bsp_two_servers_equals_synchronous_sgd_under_every_placement():
+@pytest.mark.xdist_group("ps_3_ranks")
+def test_bsp_one_server_equals_synchronous_sgd(ps_3_ranks):
+    ps_3_ranks.check("bsp", "bsp servers=1 placement=roundrobin OK")
+
+
+@pytest.mark.xdist_group("ps_4_ranks_2_servers")
+def test_bsp_two_servers_equals_synchronous_sgd_under_every_placement(ps_4_ranks_2_servers):
     placements = ("roundrobin", "greedy", "mxnet", "hash")
-    out = run_mpi(script("mpi_ps_bsp.py", 2, ",".join(placements)), 4, timeout=90).stdout
-    for placement in placements:
-        assert f"bsp servers=2 placement={placement} OK" in out
+    ps_4_ranks_2_servers.check("bsp", *(f"bsp servers=2 placement={placement} OK"
+                                        for placement in placements))
 
 
-def test_policies_exactly_once_ssp_gate_syncopt_and_digits():
-    out = run_mpi(script("mpi_ps_policies.py"), 5, timeout=120).stdout
-    assert "policies OK" in out
+@pytest.mark.xdist_group("ps_5_ranks")
+def test_policies_exactly_once_ssp_gate_syncopt_and_digits(ps_5_ranks):
+    ps_5_ranks.check("policies", "policies OK")
 
 
-def test_silent_server_makes_workers_fail_within_timeout():
-    out = run_mpi(script("mpi_ps_failures.py", "server"), 3, timeout=60).stdout
-    assert "silent server OK" in out
+@pytest.mark.xdist_group("ps_3_ranks")
+def test_silent_server_makes_workers_fail_within_timeout(ps_3_ranks):
+    ps_3_ranks.check("silent server", "silent server OK")
 
 
-def test_silent_worker_fails_bsp_and_asp_carries_on():
-    out = run_mpi(script("mpi_ps_failures.py", "worker"), 3, timeout=60).stdout
-    assert "silent worker OK" in out
+@pytest.mark.xdist_group("ps_3_ranks")
+def test_silent_worker_fails_bsp_and_asp_carries_on(ps_3_ranks):
+    ps_3_ranks.check("silent worker", "silent worker OK")

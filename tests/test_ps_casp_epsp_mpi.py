@@ -1,60 +1,44 @@
-"""CASP communities and EPSP/FlexRR-lite tasks under mpiexec (1 server; scripts in
-``tests/mpi`` check themselves on every worker and abort the job on failure)."""
-import sys
-
+"""CASP communities and EPSP/FlexRR-lite tasks under mpiexec (1 server; the scenarios in
+``tests/mpi`` check themselves on every worker and abort the job on failure; they share
+their jobs with other scenarios of the same shape: tests/ps_jobs.py)."""
 import pytest
-from mpi_launch import TESTS_DIR, run_mpi
 
-# Its module-scoped fixture runs once per test process: keep its tests in one.
-pytestmark = pytest.mark.xdist_group("ps_casp_epsp")
+from ps_jobs import job_fixture
 
-
-def script(name, *args):
-    return [sys.executable, str(TESTS_DIR / "mpi" / name), *map(str, args)]
+ps_3_ranks = job_fixture("ps_3_ranks")
+ps_4_ranks = job_fixture("ps_4_ranks")
+ps_5_ranks = job_fixture("ps_5_ranks")
 
 
-@pytest.fixture(scope="module")
-def five_rank_casp():
-    """The two 5-rank CASP scenarios, one after the other in one job (a rank's start costs
-    seconds of CPU)."""
-    return run_mpi(script("mpi_ps_casp.py", "equivalence", "uneven"), 5, timeout=240).stdout
-
-
+@pytest.mark.xdist_group("ps_5_ranks")
 def test_casp_one_community_is_bsp_one_each_is_asp_and_regrouping_keeps_every_update(
-        five_rank_casp):
-    assert "casp equivalence OK" in five_rank_casp
+        ps_5_ranks):
+    ps_5_ranks.check("casp equivalence", "casp equivalence OK")
 
 
-def test_casp_workers_may_stop_after_different_numbers_of_steps(five_rank_casp):
-    assert "casp uneven OK" in five_rank_casp
+@pytest.mark.xdist_group("ps_5_ranks")
+def test_casp_workers_may_stop_after_different_numbers_of_steps(ps_5_ranks):
+    ps_5_ranks.check("casp uneven", "casp uneven OK")
 
 
-def test_casp_stalled_member_fails_its_community_and_the_other_continues():
-    out = run_mpi(script("mpi_ps_casp.py", "failure"), 4, timeout=90).stdout
-    assert "casp failure OK" in out
+@pytest.mark.xdist_group("ps_4_ranks")
+def test_casp_stalled_member_fails_its_community_and_the_other_continues(ps_4_ranks):
+    ps_4_ranks.check("casp failure", "casp failure OK")
 
 
-def test_epsp_and_flexrr_apply_every_task_exactly_once_with_transfers():
-    out = run_mpi(script("mpi_ps_epsp.py"), 4, timeout=150).stdout
-    assert "epsp patterns s=0 OK" in out and "epsp patterns s=2 OK" in out
-    assert "epsp OK" in out
+@pytest.mark.xdist_group("ps_4_ranks")
+def test_epsp_and_flexrr_apply_every_task_exactly_once_with_transfers(ps_4_ranks):
+    ps_4_ranks.check("epsp", "epsp patterns s=0 OK", "epsp patterns s=2 OK", "epsp OK")
 
 
-def test_casp_and_epsp_arguments_through_the_frontend():
-    result = run_mpi(script("mpi_ps_frontend_policies.py"), 4, timeout=150,
-                     env={"RIPPLES_PS_SERVERS": "1"})
-    for worker in range(3):
-        assert f"worker {worker} ok" in result.stdout
+@pytest.mark.xdist_group("ps_4_ranks")
+def test_casp_and_epsp_arguments_through_the_frontend(ps_4_ranks):
+    ps_4_ranks.check("frontend policies", *(f"worker {worker} ok" for worker in range(3)))
 
 
-def test_documented_epsp_example_runs_as_documented(tmp_path):
-    readme = (TESTS_DIR.parent / "docs" / "parameter-server.md").read_text()
-    block = readme.split("<!-- epsp-example -->")[1].split("<!-- /epsp-example -->")[0]
-    code = block.split("```python\n")[1].split("```")[0]
-    path = tmp_path / "train_epsp.py"
-    path.write_text(code)
-    out = run_mpi([sys.executable, str(path)], 3, timeout=150,
-                  env={"RIPPLES_PS_SERVERS": "1"}).stdout
-    accuracies = [float(line.split()[3]) for line in out.splitlines()
+@pytest.mark.xdist_group("ps_3_ranks")
+def test_documented_epsp_example_runs_as_documented(ps_3_ranks):
+    ps_3_ranks.check("documented epsp example")
+    accuracies = [float(line.split()[3]) for line in ps_3_ranks.output.splitlines()
                   if line.startswith("worker ") and " accuracy " in line]
-    assert len(accuracies) == 2 and min(accuracies) > 0.9, out
+    assert len(accuracies) == 2 and min(accuracies) > 0.9, ps_3_ranks.output

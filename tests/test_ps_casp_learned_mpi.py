@@ -1,11 +1,13 @@
-"""communities="learned" in a real PS run under mpiexec (4 workers + 1 server)."""
-import sys
+"""communities="learned" in a real PS run under mpiexec (4 workers + 1 server; the job is
+shared with other scenarios of that shape: tests/ps_jobs.py)."""
+import pytest
 
-from mpi_launch import TESTS_DIR, run_mpi
+from ps_jobs import job_fixture
+
+ps_5_ranks = job_fixture("ps_5_ranks")
 
 
-def test_learned_communities_form_and_training_completes():
-    out = run_mpi([sys.executable, str(TESTS_DIR / "mpi" / "mpi_ps_casp_learned.py")], 5,
-                  timeout=120, env={"RIPPLES_PS_SERVERS": "1"}).stdout
-    for worker in range(4):
-        assert f"worker {worker} learned communities" in out, out
+@pytest.mark.xdist_group("ps_5_ranks")
+def test_learned_communities_form_and_training_completes(ps_5_ranks):
+    ps_5_ranks.check("casp learned",
+                     *(f"worker {worker} learned communities" for worker in range(4)))

@@ -1,22 +1,20 @@
-"""init(ps_servers=...) and DistributedOptimizer(sync="ps") end to end under mpiexec."""
-import sys
+"""init(ps_servers=...) and DistributedOptimizer(sync="ps") end to end under mpiexec (3
+ranks; the job is shared with other scenarios of that shape: tests/ps_jobs.py)."""
+import pytest
 
-from mpi_launch import TESTS_DIR, run_mpi
+from ps_jobs import job_fixture
 
-
-def test_ps_mode_through_the_frontend():
-    result = run_mpi([sys.executable, str(TESTS_DIR / "mpi" / "ps_frontend.py")], 3,
-                     timeout=120, env={"RIPPLES_PS_SERVERS": "1"})
-    assert "worker 0 ok" in result.stdout and "worker 1 ok" in result.stdout
+ps_3_ranks = job_fixture("ps_3_ranks")
+pytestmark = pytest.mark.xdist_group("ps_3_ranks")
 
 
-def test_sync_ps_without_servers_is_a_clear_error():
-    code = ("import torch, ripples.torch as hvd\n"
-            "hvd.init()\n"
-            "m = torch.nn.Linear(2, 1)\n"
-            "try:\n"
-            "    hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), sync='ps')\n"
-            "except ValueError as e:\n"
-            "    print('error:', e, flush=True)\n")
-    result = run_mpi([sys.executable, "-c", code], 2, timeout=60)
-    assert result.stdout.count("ps_servers") >= 2
+def test_ps_mode_through_the_frontend(ps_3_ranks):
+    ps_3_ranks.check("frontend", "worker 0 ok", "worker 1 ok")
+
+
+def test_sync_ps_without_servers_is_a_clear_error(ps_3_ranks):
+    ps_3_ranks.check("no servers")
+    errors = [line for line in ps_3_ranks.output.splitlines() if " error: " in line]
+    for rank in range(3):
+        assert any(line.startswith(f"rank {rank} error: ") and "ps_servers" in line
+                   for line in errors), (rank, errors)

@@ -1,25 +1,27 @@
 """BSP through 1 or 2 servers equals synchronous data-parallel SGD (gradients averaged with
 Allreduce on the workers, optimizer applied locally), step by step.
 
-Usage: mpi_ps_bsp.py SERVERS PLACEMENT[,PLACEMENT...]   (one session per placement)
+Scenario ``bsp`` (run by mpi_ps_scenarios.py): one session per placement (with one server
+every placement puts everything on it: roundrobin only); with one server, mismatched models
+and arguments are then rejected.
 """
-import sys
-
 import torch
 from mpi4py import MPI
 
-from mpi_ps_common import begin, check, run, small_model
+from mpi_ps_common import check, small_model
 from ripples.core.errors import MismatchError
 from ripples.ps.optimizer import PSOptimizer
 
 
-def main():
-    servers, placements = int(sys.argv[1]), sys.argv[2].split(",")
-    context, worker, workers = begin(servers)
-    for placement in placements:
+PLACEMENTS = ("roundrobin", "greedy", "mxnet", "hash")
+
+
+def bsp(context):
+    servers = context.num_servers
+    for placement in PLACEMENTS if servers > 1 else PLACEMENTS[:1]:
         bsp_matches_synchronous_sgd(context, servers, placement)
     if servers == 1:
-        mismatched_models_are_rejected(context, worker)
+        mismatched_models_are_rejected(context, context.worker)
 
 
 def bsp_matches_synchronous_sgd(context, servers, placement):
@@ -79,4 +81,4 @@ def mismatched_models_are_rejected(context, worker):
         check(worker == 0 and "staleness" in str(exc), f"worker {worker}: {exc!r}")
 
 
-run(main)
+SCENARIOS = {"bsp": bsp}

@@ -1,33 +1,23 @@
 """CASP (communities) under mpiexec with 1 server.
 
-Usage: mpi_ps_casp.py equivalence   (5 ranks: 4 workers) C=1 is BSP step by step; C=n is
-                                     ASP; regrouping from measured speeds loses and repeats
-                                     no update (checksum) and finds the two speed classes
-       mpi_ps_casp.py uneven        (5 ranks: 4 workers of two speeds) every worker stops on
-                                     its own clock, after a regrouping: no one waits for a
-                                     finished member, and every round is averaged over the
-                                     members still training
-       mpi_ps_casp.py failure       (4 ranks: 3 workers, communities (0,) and (1, 2)):
-                                     worker 2 stalls, worker 1 gets a timeout naming it,
-                                     worker 0 keeps training alone
-       mpi_ps_casp.py equivalence uneven   both, one after the other, in one job
+Scenarios (run by mpi_ps_scenarios.py, in PS mode: the workers' runtime is there):
+  ``casp equivalence``  (5 ranks: 4 workers) C=1 is BSP step by step; C=n is ASP;
+                        regrouping from measured speeds loses and repeats no update
+                        (checksum) and finds the two speed classes
+  ``casp uneven``       (5 ranks: 4 workers of two speeds) every worker stops on its own
+                        clock, after a regrouping: no one waits for a finished member, and
+                        every round is averaged over the members still training
+  ``casp failure``      (4 ranks: 3 workers, communities (0,) and (1, 2)): worker 2 stalls,
+                        worker 1 gets a timeout naming it, worker 0 keeps training alone
+                        (last in its job: it restarts the workers' runtime without PS mode)
 """
-import sys
 import time
 
 import torch
 
-from mpi_ps_common import check, run, small_model
-from ripples.core.config import Config
+from mpi_ps_common import check, restart_workers_runtime, small_model
 from ripples.core.errors import RipplesTimeoutError
 from ripples.ps.optimizer import PSOptimizer
-from ripples.startup import init
-
-
-def start(timeout_s, wait_for_busy_peers=True):
-    rt = init(config=Config(ps_servers=1, timeout_s=timeout_s,
-                            wait_for_busy_peers=wait_for_busy_peers))
-    return rt.ps
 
 
 def one_community_is_bsp(context):
@@ -148,8 +138,7 @@ def progress_explores_and_keeps_every_update(context):
         print(f"casp progress plans {counts}", flush=True)
 
 
-def equivalence():
-    context = start(20.0)
+def equivalence(context):
     one_community_is_bsp(context)
     one_community_each_is_asp(context)
     regrouping_keeps_every_update(context)
@@ -158,11 +147,10 @@ def equivalence():
         print("casp equivalence OK", flush=True)
 
 
-def uneven():
+def uneven(context):
     """Worker w trains for 0.6 + 0.4 w seconds, so communities lose members one by one.
     Every gradient is ones, so each applied round must apply exactly ones: dividing by a
     community's size instead of its members still training leaves a fraction."""
-    context = start(5.0)
     worker = context.worker
     param = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
     ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context,
@@ -190,11 +178,11 @@ def uneven():
               f"{m['community']['plans']}", flush=True)
 
 
-def failure():
+def failure(context):
     timeout = 2.0
     # The stalled member sleeps, standing for a dead one: that takes the strict rule (with
     # the liveness check its community would wait for it, as it is alive).
-    context = start(timeout, wait_for_busy_peers=False)
+    restart_workers_runtime(context, timeout_s=timeout, wait_for_busy_peers=False)
     worker = context.worker
     param = torch.nn.Parameter(torch.zeros(4))
     ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context,
@@ -241,7 +229,4 @@ def failure():
               flush=True)
 
 
-SCENARIOS = {"equivalence": equivalence, "uneven": uneven, "failure": failure}
-# Several scenarios of one job size run one after another in one PS context (one job):
-# init() is idempotent, and each scenario builds PSOptimizers (sessions) of its own.
-run(lambda: [SCENARIOS[name]() for name in sys.argv[1:]])
+SCENARIOS = {"casp equivalence": equivalence, "casp uneven": uneven, "casp failure": failure}

@@ -7,14 +7,24 @@ import traceback
 import torch
 from mpi4py import MPI
 
+from ripples import runtime
 from ripples.core.config import Config
 from ripples.ps import start
+from ripples.startup import init
 
 
 def begin(servers: int, timeout_s: float = 20.0):
     """Enter PS mode; only workers return. Returns (context, worker index, worker count)."""
     context = start(MPI.COMM_WORLD, Config.load(ps_servers=servers, timeout_s=timeout_s))
     return context, context.worker, context.num_workers
+
+
+def restart_workers_runtime(context, **settings) -> None:
+    """Replace the workers' runtime (``ripples.ops``, which CASP communities all-reduce with)
+    by one with ``Config(**settings)`` on ``context``'s workers; the servers go on serving.
+    The new runtime is not in PS mode: ``DistributedOptimizer(sync="ps")`` no longer works."""
+    runtime.shutdown()
+    init(comm=context.worker_comm, config=Config(**settings))
 
 
 def check(ok: bool, what: str) -> None:

@@ -1,6 +1,6 @@
 """EPSP and FlexRR-lite tasks under mpiexec (1 server + 3 workers; worker 2 is 5x slow).
 
-Usage: mpi_ps_epsp.py
+Scenario ``epsp`` (run by mpi_ps_scenarios.py).
 
 The loss is linear in the parameters, so a task's gradient is the mean of its samples
 whatever parameters it was computed on: the servers' final parameters are then exact
@@ -12,7 +12,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from mpi_ps_common import begin, check, run
+from mpi_ps_common import check
 from ripples.ps import TaskSampler
 from ripples.ps.optimizer import PSOptimizer
 
@@ -93,9 +93,9 @@ def training_patterns(context, staleness):
         print(f"epsp patterns s={staleness} OK", flush=True)
 
 
-def main():
-    context, worker, workers = begin(1, timeout_s=20)
-    check(workers == 3, "run with 4 ranks")
+def epsp(context):
+    worker = context.worker
+    check(context.num_servers == 1 and context.num_workers == 3, "run with 4 ranks: 1 server")
     for staleness in (0, 2):
         training_patterns(context, staleness)
     results = {}
@@ -119,4 +119,4 @@ def main():
               f" flexrr {flexrr['transfers']} shares {shares}", flush=True)
 
 
-run(main)
+SCENARIOS = {"epsp": epsp}

@@ -1,16 +1,17 @@
 """Failures arrive as clear errors within the timeout, on the ranks that wait.
 
-Usage: mpi_ps_failures.py server   (3 ranks: rank 0 never serves; workers time out on it)
-       mpi_ps_failures.py worker   (3 ranks: 1 server; worker 1 goes silent: BSP fails
-                                    naming it, ASP carries on without it)
+Scenarios (run by mpi_ps_scenarios.py, 3 ranks):
+  ``silent server``   before PS mode: rank 0 makes a PS context but never serves; the
+                      workers time out on it
+  ``silent worker``   1 server; worker 1 goes silent: BSP fails naming it, ASP carries on
+                      without it (last in its job: its sessions are left broken)
 """
-import sys
 import time
 
 import torch
 from mpi4py import MPI
 
-from mpi_ps_common import ExplodingSGD, begin, check, run
+from mpi_ps_common import ExplodingSGD, begin, check
 from ripples.core.errors import RipplesError, RipplesTimeoutError
 from ripples.ps.context import make_context
 from ripples.ps.optimizer import PSOptimizer
@@ -48,8 +49,8 @@ def silent_server():
         print("silent server OK", flush=True)
 
 
-def silent_worker():
-    context, worker, _ = begin(1, timeout_s=TIMEOUT)
+def silent_worker(context):
+    worker = context.worker
     server_side_error_reaches_workers(context)
     ps = vector(context, "bsp")
     for _ in range(2):
@@ -92,4 +93,5 @@ def server_side_error_reaches_workers(context):
         check("optimizer step exploded" in str(exc), f"error must carry the cause: {exc}")
 
 
-run({"server": silent_server, "worker": silent_worker}[sys.argv[1]])
+BEFORE_PS = {"silent server": silent_server}
+SCENARIOS = {"silent worker": silent_worker}

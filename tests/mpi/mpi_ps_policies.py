@@ -1,12 +1,14 @@
 """Policies on 1 server + 4 workers, each in its own PSOptimizer session of one job:
 exactly-once application (ASP, eager), the SSP gate, Sync-opt drops, and scikit-learn
-digits trained to comparable accuracy under every policy."""
+digits trained to comparable accuracy under every policy.
+
+Scenario ``policies`` (run by mpi_ps_scenarios.py)."""
 import time
 
 import numpy as np
 import torch
 
-from mpi_ps_common import begin, check, run
+from mpi_ps_common import check
 from ripples.ps.optimizer import PSOptimizer
 from ripples.ps.policies import POLICIES, TASK_POLICIES
 
@@ -116,15 +118,15 @@ def digits(context):
               f"digits {policy}: accuracy {accuracy:.3f} (bsp {results['bsp']:.3f})")
 
 
-def main():
-    context, w, workers = begin(1)
-    assert workers == 4, "run with 5 ranks: 1 server + 4 workers"
+def policies(context):
+    check(context.num_servers == 1 and context.num_workers == 4,
+          "run with 5 ranks: 1 server + 4 workers")
     exactly_once(context)
     ssp_gate(context)
     syncopt_drops(context)
     digits(context)
-    if w == 0:
+    if context.worker == 0:
         print("policies OK", flush=True)
 
 
-run(main)
+SCENARIOS = {"policies": policies}

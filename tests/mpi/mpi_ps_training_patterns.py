@@ -2,15 +2,14 @@
 single-process reference that computes every worker's gradient itself, averages them and
 runs the plain torch optimizer (bit for bit: 2 workers, power-of-two loss scales).
 
-Usage: mpi_ps_training_patterns.py hyperparameters   (1 server + 2 workers)
-       mpi_ps_training_patterns.py checkpoint        (2 servers + 2 workers, split chunks)
+Scenarios (run by mpi_ps_scenarios.py):
+  ``hyperparameters``   1 server + 2 workers
+  ``checkpoint``        2 servers + 2 workers, split chunks
 """
-import sys
-
 import torch
 import torch.nn.functional as F
 
-from mpi_ps_common import begin, check, run, small_model
+from mpi_ps_common import check, small_model
 from ripples.ps.optimizer import PSOptimizer
 
 STEPS = 6
@@ -93,6 +92,7 @@ SCHEDULES = {
 # -- hyperparameters, GradScaler, clipping, accumulation (1 server, 2 workers) -----------------
 def hyperparameters(context):
     worker, workers = context.worker, context.num_workers
+    check(context.num_servers == 1 and workers == 2, "run with 1 server + 2 workers")
     for name, make_sched in SCHEDULES.items():
         metric = 1.0 if name == "ReduceLROnPlateau" else None  # never improves: lr halves
         model = ps_schedule_run(context, make_sched, metric)
@@ -264,6 +264,8 @@ def frozen_and_unused(context):
 
 # -- checkpoint and resume (2 servers, 2 workers) ---------------------------------------------
 def checkpoint(context):
+    check(context.num_servers == 2 and context.num_workers == 2,
+          "run with 2 servers + 2 workers")
     for make_opt in (sgd, adam):
         checkpoint_resume(context, make_opt)
     print(f"worker {context.worker}: checkpoint OK", flush=True)
@@ -334,11 +336,4 @@ def checkpoint_resume(context, make_opt):
             print(f"checkpoint {name} {resume_path} OK", flush=True)
 
 
-def main():
-    mode = sys.argv[1]
-    context, _, workers = begin(servers=2 if mode == "checkpoint" else 1)
-    check(workers == 2, "these checks expect 2 workers")
-    {"hyperparameters": hyperparameters, "checkpoint": checkpoint}[mode](context)
-
-
-run(main)
+SCENARIOS = {"hyperparameters": hyperparameters, "checkpoint": checkpoint}
