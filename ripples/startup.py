@@ -79,15 +79,18 @@ def check_same_transport(runtime: _runtime.Runtime) -> None:
     """Raise ValueError on every rank unless all ranks move group all-reduces the same way
     (``Config.group_allreduce``): a ring member and a communicator member would wait on
     each other for good. Collective over the world."""
-    ring = runtime.config.ring_groups
-    rings = runtime.ctl.allgather(ring)
-    if len(set(rings)) > 1:
-        over_ring = [r for r, on in enumerate(rings) if on]
+    transport = runtime.config.group_transport
+    transports = runtime.ctl.allgather(transport)
+    if len(set(transports)) > 1:
+        by_transport: dict = {}
+        for rank, each in enumerate(transports):
+            by_transport.setdefault(each, []).append(rank)
+        described = "; ".join(f"rank(s) {ranks} {each!r}" for each, ranks in by_transport.items())
         raise ValueError(
-            f"Config.group_allreduce differs between ranks: rank(s) {over_ring} all-reduce "
-            f"groups over the ring, the others over group communicators (this is rank "
-            f"{runtime.rank}, {'ring' if ring else 'communicator'}); set RIPPLES_GROUP_ALLREDUCE "
-            "(and RIPPLES_FAULT_TOLERANT) alike on every rank")
+            f"Config.group_allreduce differs between ranks: groups all-reduce by {described} "
+            "('by size': the ring from 16 MiB, a communicator below); this is rank "
+            f"{runtime.rank}; set RIPPLES_GROUP_ALLREDUCE (and RIPPLES_FAULT_TOLERANT) alike "
+            "on every rank")
 
 
 def attach_engine(runtime: _runtime.Runtime) -> None:

@@ -129,12 +129,17 @@ def test_ranks_that_disagree_on_the_transport_fail_at_init_on_every_rank():
     assert "started" not in result.stdout
 
 
-def test_group_allreduce_setting_is_validated_and_auto_follows_fault_tolerance():
+def test_group_allreduce_setting_is_validated_and_auto_follows_fault_tolerance_and_size():
     with pytest.raises(ValueError, match="Config.group_allreduce must be 'auto' or "
                                          "'communicator' or 'ring', got 'rings'"):
         Config.load(environ={"RIPPLES_GROUP_ALLREDUCE": "rings"})
-    assert Config.load(environ={}).ring_groups is False
-    assert Config.load(environ={"RIPPLES_FAULT_TOLERANT": "1"}).ring_groups is True
-    assert Config.load(environ={"RIPPLES_FAULT_TOLERANT": "1",
-                                "RIPPLES_GROUP_ALLREDUCE": "communicator"}).ring_groups is False
-    assert Config.load(environ={"RIPPLES_GROUP_ALLREDUCE": "ring"}).ring_groups is True
+    mib = 1 << 20
+    auto = Config.load(environ={})
+    assert auto.group_transport == "by size"
+    assert not auto.ring_carries(16 * mib - 1) and auto.ring_carries(16 * mib)
+    tolerant = Config.load(environ={"RIPPLES_FAULT_TOLERANT": "1"})
+    assert tolerant.group_transport == "ring" and tolerant.ring_carries(8)
+    pinned = Config.load(environ={"RIPPLES_FAULT_TOLERANT": "1",
+                                  "RIPPLES_GROUP_ALLREDUCE": "communicator"})
+    assert pinned.group_transport == "communicator" and not pinned.ring_carries(64 * mib)
+    assert Config.load(environ={"RIPPLES_GROUP_ALLREDUCE": "ring"}).ring_carries(8)

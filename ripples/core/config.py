@@ -30,6 +30,8 @@ HOROVOD_NAMES = {
 }
 
 GROUP_ALLREDUCE = ("auto", "communicator", "ring")
+# group_allreduce="auto": the smallest fused run a group sends around the ring.
+RING_MIN_BYTES = 16 << 20
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # The world rank as launchers announce it to each process (Open MPI, PMIx, MPICH/Slurm's PMI),
 # readable before MPI is initialized.
@@ -71,8 +73,11 @@ class Config:
         cached (``cache_capacity``). ``"ring"``: a ring of point-to-point messages over one
         long-lived communicator, nothing made per group (``ripples.ops.ring_allreduce``).
         ``"auto"``: the ring under ``fault_tolerant`` (a group communicator being made
-        cannot be revoked, so a death then could hang the survivors), else a communicator.
-        Every rank must use the same setting (``init()`` checks).
+        cannot be revoked, so a death then could hang the survivors), else the ring for
+        runs of at least ``RING_MIN_BYTES`` (16 MiB: across hosts over TCP, Open MPI's
+        all-reduce of 20 MB took twice a ring's time) and a communicator below (on one
+        host it is faster up to about that size). Every rank must use the same setting
+        (``init()`` checks).
     horovod_join: ``join()`` exactly as Horovod's. Once a rank has joined, an all-gather
         or broadcast on the other ranks raises ``MismatchError`` (a ``RuntimeError``)
         instead of running without it, and an Average all-reduce (gradient buckets
@@ -171,11 +176,18 @@ class Config:
                  self.max_np, f"0 or an integer >= min_np ({self.min_np})")
 
     @property
-    def ring_groups(self) -> bool:
-        """Whether groups all-reduce over the ring (``group_allreduce`` resolved)."""
+    def group_transport(self) -> str:
+        """How groups all-reduce, ``group_allreduce`` resolved: ``"ring"``,
+        ``"communicator"``, or ``"by size"`` (the ring from ``RING_MIN_BYTES`` on)."""
         if self.group_allreduce == "auto":
-            return self.fault_tolerant
-        return self.group_allreduce == "ring"
+            return "ring" if self.fault_tolerant else "by size"
+        return self.group_allreduce
+
+    def ring_carries(self, nbytes: int) -> bool:
+        """Whether a group's host all-reduce of ``nbytes`` (one fused run) goes around the
+        ring rather than over the group's communicator."""
+        transport = self.group_transport
+        return transport == "ring" or (transport == "by size" and nbytes >= RING_MIN_BYTES)
 
     def apply_log_level(self) -> None:
         """Set the ``"ripples"`` logger to ``log_level`` (``init()`` calls this).

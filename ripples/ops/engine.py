@@ -28,7 +28,7 @@ from ripples.ops.expiry import expire
 from ripples.ops.handles import Handle
 from ripples.ops.join_rounds import JoinRounds
 from ripples.ops.native_lane import Lanes
-from ripples.ops.request import Pair, Request, fusion_chunks, needs_communicator  # noqa: F401
+from ripples.ops.request import Pair, Request, fusion_chunks, ring_can_carry  # noqa: F401
 
 
 class Engine:
@@ -197,8 +197,8 @@ class Engine:
             return True
         ring = self._executor.ring(group)
         # Over the ring, only what the ring cannot carry needs the group's communicator.
-        need_create = comm is None and (ring is None or any(needs_communicator(r)
-                                                            for r in batch))
+        need_create = comm is None and (ring is None or not all(
+            ring_can_carry(r) and rt.config.ring_carries(r.nbytes) for r in batch))
         record = Record(group, need_create, -1, any(r.handle.blocking for r in batch),
                         [(r.name, r.signature, r.wire) for r in batch])
         what = batch[0].what

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence
 
 from ripples.comm.mpi import Deadline
-from ripples.ops.request import Request, fusion_chunks, needs_communicator
+from ripples.ops.request import Request, fusion_chunks, ring_can_carry
 from ripples.ops.ring_allreduce import PeerRing
 
 
@@ -33,7 +33,7 @@ class Executor:
         """The point-to-point ring of ``group``, when groups all-reduce that way
         (``Config.group_allreduce``); None for the world and for per-group communicators."""
         rt = self._rt
-        if group == rt.world_group or not rt.config.ring_groups:
+        if group == rt.world_group or rt.config.group_transport == "communicator":
             return None
         config = rt.config
         return PeerRing(rt.peers, group, rt.rank,
@@ -45,9 +45,12 @@ class Executor:
                 ring: Optional[PeerRing] = None) -> None:
         """Run agreed ``requests``: fused all-reduces over ``ring`` when given (host tensors),
         everything else over ``comm``."""
+        carries = self._rt.config.ring_carries
+
         def reduce(members: List[Request]) -> None:
-            carrier = comm if ring is None or needs_communicator(members[0]) else ring
-            self._reduce_fused(carrier, group, active, members)
+            over_ring = (ring is not None and ring_can_carry(members[0])
+                         and carries(sum(m.nbytes for m in members)))
+            self._reduce_fused(ring if over_ring else comm, group, active, members)
 
         if len(requests) == 1 and requests[0].pair is not None:  # nothing to fuse with
             self._perform(requests, group, lambda: reduce(requests))

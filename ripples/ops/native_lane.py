@@ -232,8 +232,8 @@ class Lanes:
         if not _eligible_wire(requests[0].wire):
             return
         rt = self._rt
-        if rt.config.ring_groups and group != rt.world_group:
-            return  # partial groups all-reduce over the ring: keep its numerics
+        if group != rt.world_group and rt.config.ring_carries(requests[0].nbytes):
+            return  # this group's all-reduce goes around the ring: keep its numerics
         seen = self._seen.get(group, 0) + 1
         self._seen[group] = seen
         if seen == _ARM_AFTER:

@@ -34,10 +34,10 @@ class Request:
         self.missing: Optional[List[int]] = None
 
 
-def needs_communicator(request: Request) -> bool:
-    """Whether ``request`` runs on the group's communicator even when groups all-reduce
-    over the ring: anything but an all-reduce, and device tensors (NCCL / CUDA-aware MPI)."""
-    return request.pair is None or request.pair[0].is_cuda
+def ring_can_carry(request: Request) -> bool:
+    """Whether a group's ring can move ``request`` at all: a host all-reduce (anything
+    else, and device tensors, run on the group's communicator)."""
+    return request.pair is not None and not request.pair[0].is_cuda
 
 
 def fusion_chunks(sizes: Sequence[int], threshold: int) -> List[List[int]]:

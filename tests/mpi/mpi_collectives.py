@@ -184,6 +184,27 @@ def test_partial_hypercube_rounds_reach_the_mean():
     assert torch.equal(x, torch.full((5,), (N - 1) / 2))
 
 
+@pytest.mark.skipif(N < 3, reason="a group that is not the world needs 3 ranks")
+def test_a_group_all_reduce_of_16_mib_goes_around_the_ring_and_a_small_one_does_not(
+        monkeypatch):
+    # group_allreduce="auto" (no fault tolerance): the ring from RING_MIN_BYTES on
+    from ripples.core.config import RING_MIN_BYTES
+    from ripples.ops import reduction
+    assert current().config.group_transport == "by size"
+    group = (0, 1, 2)
+    if R not in group:
+        return
+    rounds = []
+    around_the_ring = reduction._reduce_over_ring
+    monkeypatch.setattr(reduction, "_reduce_over_ring",
+                        lambda *args: rounds.append(1) or around_the_ring(*args))
+    big = torch.full((RING_MIN_BYTES // 4,), float(R + 1))
+    hvd.partial_allreduce_(big, group, op=hvd.Sum)
+    assert torch.equal(big, torch.full_like(big, 6.0)) and len(rounds) == 1
+    small = hvd.partial_allreduce(torch.full((4,), float(R + 1)), group, op=hvd.Sum)
+    assert torch.equal(small, torch.full((4,), 6.0)) and len(rounds) == 1
+
+
 def test_partial_sum_over_ranks_is_preserved_by_any_sequence():
     rng = random.Random(1234)  # the same on every rank: a shared schedule
     x = torch.full((8,), float(R * 4))
