@@ -34,18 +34,20 @@ class Job:
         return [sys.executable, str(TESTS_DIR / "mpi" / "mpi_ps_scenarios.py"), *self.scenarios]
 
 
+# Each job's timeout is the sum of those its scenarios had as jobs of their own (a busy
+# machine, e.g. a full suite beside other work, slows a job several times).
 JOBS = {
     # "silent server" and "no servers" run before PS mode; the documented example shuts the
     # runtime down (only "silent worker", which needs no runtime, may follow), and "silent
     # worker" leaves its sessions broken: the last two stay last.
     "ps_3_ranks": Job(3, 1, ("silent server", "no servers", "bsp", "hyperparameters",
                              "frontend", "documented epsp example", "silent worker"),
-                      timeout=300),
-    "ps_4_ranks_2_servers": Job(4, 2, ("bsp", "checkpoint"), timeout=150),
+                      timeout=630),
+    "ps_4_ranks_2_servers": Job(4, 2, ("bsp", "checkpoint"), timeout=180),
     # "casp failure" replaces the workers' runtime by a strict one without PS mode: last.
-    "ps_4_ranks": Job(4, 1, ("frontend policies", "epsp", "casp failure"), timeout=300),
+    "ps_4_ranks": Job(4, 1, ("frontend policies", "epsp", "casp failure"), timeout=390),
     "ps_5_ranks": Job(5, 1, ("policies", "casp equivalence", "casp uneven", "casp learned"),
-                      timeout=400),
+                      timeout=480),
 }
 
 ERROR_LINE = re.compile(r"CHECK FAILED|^\S*(Error|Exception)\b")
@@ -79,8 +81,9 @@ class JobResult:
             reason = f"scenario {scenario!r} passed but did not print {missing}"
         elif self.began(scenario):
             errors = [line for line in self.output.splitlines() if ERROR_LINE.search(line)]
-            reason = (f"scenario {scenario!r} failed ({self.failure or 'the job exited 0'}):\n"
-                      + "\n".join(errors))
+            reason = "".join([f"scenario {scenario!r} failed ",
+                              f"({self.failure or 'the job exited 0'})",
+                              *(f"\n{line}" for line in errors)])
         else:
             during = [s for s in scenarios if self.began(s) and not self.passed(s)]
             reason = (f"scenario {scenario!r} did not run: the job ended "
