@@ -2,7 +2,7 @@
 and servers) run one after another in one job (tests/mpi/mpi_ps_scenarios.py), since each
 rank's start costs seconds of CPU (Python, torch and torch's compiler stack).
 
-A job runs once per test process (``job``). Its tests carry its name as their xdist group,
+A job runs once per test run (``job``). Its tests carry its name as their xdist group,
 so that one process runs them all, and take it from a module-scoped fixture
 (``job_fixture``); each test checks its own scenario (``JobResult.check``): a scenario that
 fails fails its own test, saying why, and the scenarios after it (which did not run) fail
@@ -11,9 +11,14 @@ theirs, naming it.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
+import json
+import os
 import re
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -95,7 +100,27 @@ class JobResult:
 
 @functools.cache
 def job(name: str) -> JobResult:
-    """Run job ``name`` (once per test process) and return what it printed."""
+    """Job ``name``'s result, the job run once per test run: under xdist the first worker
+    to need it runs it, holding a lock, and the others wait for it and read its result.
+    (Its tests' xdist group does not keep them in one worker with pytest 9.2 and
+    pytest-xdist 3.6: the group suffix xdist writes into node ids no longer takes effect.)"""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        return run_job(name)
+    folder = Path(tempfile.gettempdir()) / f"ripples-ps-jobs-{run_id}"
+    folder.mkdir(exist_ok=True)
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = folder / f"{name}.json"
+        if saved.exists():
+            return JobResult(**json.loads(saved.read_text()))
+        result = run_job(name)
+        saved.write_text(json.dumps(dataclasses.asdict(result)))
+        return result
+
+
+def run_job(name: str) -> JobResult:
+    """Run job ``name`` and return what it printed."""
     spec = JOBS[name]
     try:
         done = run_mpi(spec.argv(), spec.nprocs, timeout=spec.timeout, check=False,
