@@ -24,7 +24,8 @@ def cache_miss(ctx: Context, samples: int) -> Optional[dict]:
         return {"group": len(ctx.part_groups[0]), "note": note} if ctx.rank == 0 else None
     rt = ripples_runtime.current()
     tensor = torch.zeros(2)
-    made_per_miss = 0 if rt.config.ring_groups else 1  # the ring makes no communicator
+    # the ring makes no communicator
+    made_per_miss = 0 if rt.config.ring_carries(tensor.numel() * tensor.element_size()) else 1
     miss, hit = [], []
     # A miss is the Python path's cost: a group's native lane would skip the cache.
     rt.engine.lanes.pause()

@@ -53,8 +53,7 @@ def header_info(ctx: Context, load_before: Sequence[float]) -> dict:
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "compute": "no compute (pure communication)",
         # How groups all-reduce (Config.group_allreduce) and over which Open MPI transports.
-        "group_allreduce": "ring" if ripples_runtime.current().config.ring_groups
-        else "communicator",
+        "group_allreduce": ripples_runtime.current().config.group_transport,
         "btl": os.environ.get("OMPI_MCA_btl", "default"),
         "command": stamped["command"],
     }
