@@ -1,13 +1,18 @@
 """An uncaught exception on one rank ends the whole job within seconds (``ripples.comm.
 fail_fast``), with its traceback shown once and a non-zero exit status; so does a member
-frozen inside a collective's data phase (``ripples.comm.data_watch``)."""
+frozen inside a blocking MPI call of its group (``ripples.comm.data_watch``): a collective's
+data phase, or the making of a communicator."""
 import re
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from mpi_launch import TESTS_DIR, run_mpi
+from mpi_launch import TESTS_DIR, mpi_env, run_mpi
+
+from ripples.ops import native_lane
 
 SCRIPT = str(TESTS_DIR / "mpi" / "rank_raises.py")
 MESSAGE = "ValueError: an error in the training script on rank 1"
@@ -28,14 +33,43 @@ def test_an_uncaught_exception_on_one_rank_ends_the_job_within_seconds(sync):
 
 
 
-def test_a_member_frozen_in_the_data_phase_is_named_and_the_job_ends():
-    result = run_mpi([sys.executable, str(TESTS_DIR / "mpi" / "frozen_in_data_phase.py")], 3,
-                     timeout=120, check=False, env={"RIPPLES_TIMEOUT_S": "2"})
+@pytest.mark.parametrize("place, what", [
+    ("data", "'gradients'"),
+    # collectives outside a data phase proper, as blocking: a host cut off just then once
+    # left a job waiting for good in the native lane's arming
+    ("communicator", "making the communicator of group (0, 1)"),
+    ("arming", "arming the native lane of group (0, 1, 2)")])
+def test_a_member_frozen_in_a_blocking_call_is_named_and_the_job_ends(place, what):
+    if place == "arming" and not native_lane.status().startswith("on"):
+        pytest.skip(f"the native lane is not available here: {native_lane.status()}")
+    result = run_mpi([sys.executable, str(TESTS_DIR / "mpi" / "frozen_in_data_phase.py"),
+                      place], 3, timeout=120, check=False, env={"RIPPLES_TIMEOUT_S": "2"})
     ended = time.time()
     frozen = float(re.search(r"FREEZING at ([\d.]+)", result.stdout).group(1))
-    assert result.returncode != 0 and "FINISHED" not in result.stdout, result.stdout
+    assert result.returncode != 0, result.stdout
+    assert not re.search(r"rank [01] FINISHED", result.stdout), result.stdout  # (0, 1) waits
     assert "rank(s) [1] (on " in result.stdout and "did not answer a liveness check" in \
         result.stdout, result.stdout
-    assert "in the data phase" in result.stdout and "'gradients'" in result.stdout
+    assert f"{what}: rank(s) [1]" in result.stdout, result.stdout
     # the timeout, the answer bound, the watch's period, and the launcher's teardown
     assert ended - frozen < 15, (ended - frozen, result.stdout)
+
+
+def test_fault_tolerant_a_member_frozen_while_the_lane_arms_ends_the_job_within_a_bound():
+    """Under --fault-tolerant the others leave the blocked Dup (the world is revoked) and
+    recover, but Open MPI's next communicator creation waits for the frozen rank: the
+    recovery's bound (3 x timeout + 10 s) ends the job, naming the rank left out."""
+    if not native_lane.status().startswith("on"):
+        pytest.skip(f"the native lane is not available here: {native_lane.status()}")
+    ripplesrun = str(Path(sys.executable).parent / "ripplesrun")
+    command = [ripplesrun, "-np", "3", "--fault-tolerant", "--timeout", "2", sys.executable,
+               str(TESTS_DIR / "mpi" / "frozen_in_data_phase.py"), "arming"]
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            timeout=120, env=mpi_env())
+    ended = time.time()
+    out = result.stdout.decode(errors="replace")
+    frozen = float(re.search(r"FREEZING at ([\d.]+)", out).group(1))
+    assert result.returncode != 0 and "FINISHED" not in out, out
+    assert "could not make the world of the survivors of rank(s) [1] within 16 s" in out, out
+    # the timeout, the answer bound, the membership round, the bound and the teardown
+    assert ended - frozen < 2 + 1 + 16 + 15, (ended - frozen, out)
