@@ -205,17 +205,16 @@ class Runtime:
                 self.nccl.close()
             # Who goes on: the ranks that reach each other, if a majority (else this exits).
             decision = membership.agree(self.liveness, self.generation, self.liveness.on_hosts)
-            if decision.silent:  # alive to MPI: a shrink would wait for them
-                survivors = membership.new_world(self.liveness.comm, decision)
-                failed = sorted(decision.silent + decision.dead)
-                how = (f"did not answer (frozen, hung or cut off: rank(s) {decision.silent}"
-                       f"{self.liveness.on_hosts(decision.silent)})")
-                self._left_behind(decision.silent)
-            else:
-                survivors, failed = failures.shrink(self.world)
-                how = "died"
-            self.liveness.abandon()  # after the round: the others' probes needed its answers
-            self._connect(survivors)
+            leaving = sorted(decision.silent + decision.dead)
+            bound_s = 3 * self.config.timeout_s + 10
+            with fail_fast.bounded(bound_s, lambda: (
+                    f"rank {self.rank} could not make the world of the survivors of rank(s) "
+                    f"{leaving} within {bound_s:g} s ({error}); Open MPI's communicator "
+                    "creation waits for a silent rank after one that failed for it (a rank "
+                    "lost while its group made a communicator): the job is ended")):
+                survivors, failed, how = self._survivors(decision)
+                self.liveness.abandon()  # after the round: the others' probes needed it
+                self._connect(survivors)
             survivors.Free()
             self.attach(self)
             self.generation += 1
@@ -230,6 +229,18 @@ class Runtime:
         for callback in list(_reset_callbacks):
             callback()
         return failure
+
+    def _survivors(self, decision: membership.Decision):
+        """The members of ``decision`` as a communicator, with the ranks left out and how
+        they failed (collective over the members)."""
+        if not decision.silent:
+            survivors, failed = failures.shrink(self.world)
+            return survivors, failed, "died"
+        survivors = membership.new_world(self.liveness.comm, decision)  # a shrink would wait
+        how = (f"did not answer (frozen, hung or cut off: rank(s) {decision.silent}"
+               f"{self.liveness.on_hosts(decision.silent)})")
+        self._left_behind(decision.silent)
+        return survivors, sorted(decision.silent + decision.dead), how
 
     def revoke_world(self) -> None:
         """Revoke every communicator of this world but the liveness one (fault tolerant):

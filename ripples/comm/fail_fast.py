@@ -13,10 +13,12 @@ survivors recover without it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import traceback
+from typing import Callable, Iterator
 
 from mpi4py import MPI
 
@@ -68,6 +70,19 @@ def end_job(message: str) -> None:
     say(message)
     if MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.COMM_WORLD.Abort(EXIT_STATUS)
+
+
+@contextlib.contextmanager
+def bounded(seconds: float, message: Callable[[], str]) -> Iterator[None]:
+    """End the job (``end_job(message())``) if the block is still running after
+    ``seconds``: the bound on a step made of MPI calls that no timeout of their own can end."""
+    timer = threading.Timer(seconds, lambda: end_job(message()))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _write_once(text: str) -> None:

@@ -89,8 +89,9 @@ class BucketReducer:
         self.plan = step_record.plan_hash(
             [(b.numel(), str(b.dtype)) for b in self.buffers]
             + [str(op), prescale, postscale, str(wire_dtype)])
-        self.comm = _group_comm(runtime, self.group)
-        plans = self.comm.allgather(self.plan)
+        with runtime.data_watch.phase(self.group, f"{what}: making its communicator"):
+            self.comm = _group_comm(runtime, self.group)
+            plans = self.comm.allgather(self.plan)
         differing = [self.group[i] for i, p in enumerate(plans) if p != plans[0]]
         if differing:
             raise ValueError(f"{what}: rank(s) {differing} planned different buckets than rank "

@@ -225,8 +225,9 @@ class Engine:
                                  {"group": list(group), "for": what,
                                   "names": len(decision.run)})
         self.lanes.finish(group)
-        if decision.create:
-            comm = rt.cache.create(group)
+        if decision.create:  # collective: a member cut off now would block it for good
+            with rt.data_watch.phase(group, f"making the communicator of group {group}"):
+                comm = rt.cache.create(group)
         by_name = {r.name: r for r in batch}
         for name, error in decision.failed.items():
             self._fail_unmatched([by_name[name]], error)

@@ -80,7 +80,8 @@ class JoinRounds:
                     # Planned steps ran outside these rounds: a rank that took part in
                     # neither joined before someone else stopped training.
                     fresh = rounds == 0 and steps_seen() == 0
-                    last = rt.ctl.allreduce(rt.rank if fresh else -1, op=MPI.MAX)
+                    with rt.data_watch.phase(rt.world_group, "the end of join"):
+                        last = rt.ctl.allreduce(rt.rank if fresh else -1, op=MPI.MAX)
                     if last >= 0:
                         decision.last_joined = last
                     # Ranks that joined early ran fewer unnamed collectives; every rank is

@@ -241,14 +241,17 @@ class Lanes:
 
     def _arm(self, group) -> None:
         rt = self._rt
-        if group == rt.world_group:
-            comm = rt.world.Dup()
-        else:
-            members = rt.world.Get_group().Incl(list(group))
-            comm = rt.world.Create_group(members, tag=_ARM_TAG)
-            members.Free()
         lib = library()
-        if not comm.allreduce(int(lib is not None), op=MPI.MIN):  # everyone, or none
+        # blocking collectives: bounded as a data phase is (a member may be cut off now)
+        with rt.data_watch.phase(group, f"arming the native lane of group {group}"):
+            if group == rt.world_group:
+                comm = rt.world.Dup()
+            else:
+                members = rt.world.Get_group().Incl(list(group))
+                comm = rt.world.Create_group(members, tag=_ARM_TAG)
+                members.Free()
+            everyone = comm.allreduce(int(lib is not None), op=MPI.MIN)
+        if not everyone:  # the lane runs on every member, or on none
             comm.Free()
             self._by_group[group] = _OFF
             return

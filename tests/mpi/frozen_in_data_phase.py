@@ -1,11 +1,17 @@
-"""A member freezes after the members agreed on a collective, before its data phase (run by
-tests/test_fail_fast_mpi.py): the others sit in a blocking MPI all-reduce it never joins.
+"""A member freezes after the members agreed on a collective, inside a blocking MPI call the
+others then wait in for good (run by tests/test_fail_fast_mpi.py).
 
-Rank 1 replaces its engine's data step with one that stops its own process (SIGSTOP) first.
+Usage: frozen_in_data_phase.py [PLACE]. Rank 1 replaces the step at PLACE with one that
+stops its own process (SIGSTOP) first:
+- ``data`` (default): the data phase of an agreed all-reduce ('gradients');
+- ``communicator``: making the communicator of a new group (0, 1), after its members agreed;
+- ``arming``: arming the native lane of the world (Dup and an all-reduce), after the
+  world's second eligible all-reduce.
 The job must end (MPI_Abort) with a message naming rank 1, not hang.
 """
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -13,15 +19,31 @@ import torch
 import ripples.torch as hvd
 from ripples import runtime
 
+place = sys.argv[1] if len(sys.argv) > 1 else "data"
 hvd.init()
 hvd.allreduce(torch.ones(1), name="warm-up")
 if hvd.rank() == 1:
-    engine = runtime.current().engine
+    rt = runtime.current()
 
-    def freeze(*args):
-        print(f"FREEZING at {time.time():.3f}", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
+    def freezing(step):
+        def freeze(*args):
+            print(f"FREEZING at {time.time():.3f}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return step(*args)
+        return freeze
 
-    engine._reduce_fused = freeze
-hvd.allreduce(torch.ones(1000), name="gradients")
+    if place == "data":
+        rt.engine._reduce_fused = freezing(rt.engine._reduce_fused)
+    elif place == "communicator":
+        rt.cache.create = freezing(rt.cache.create)
+    elif place == "arming":
+        rt.engine.lanes._arm = freezing(rt.engine.lanes._arm)
+if place == "communicator":
+    if hvd.rank() < 2:
+        hvd.partial_allreduce(torch.ones(10), group=(0, 1), name="pair")
+elif place == "arming":
+    for _ in range(3):
+        hvd.allreduce(torch.ones(1000), name="gradients")
+else:
+    hvd.allreduce(torch.ones(1000), name="gradients")
 print(f"rank {hvd.rank()} FINISHED", flush=True)
