@@ -62,11 +62,16 @@ class Job:
 
     def __init__(self, args, tmp_path, env=None):
         self.log = tmp_path / "job.log"
-        ripplesrun = str(Path(sys.executable).parent / "ripplesrun")
+        self._command = [NETCLUSTER, "exec", "h1",
+                         str(Path(sys.executable).parent / "ripplesrun"), *args]
+        self._env = mpi_env(env)
+        self._relaunched = False
+        self._start()
+
+    def _start(self):
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([NETCLUSTER, "exec", "h1", ripplesrun, *args],
-                                         stdout=out, stderr=subprocess.STDOUT, text=True,
-                                         env=mpi_env(env), cwd=str(REPO_DIR),
+            self.proc = subprocess.Popen(self._command, stdout=out, stderr=subprocess.STDOUT,
+                                         text=True, env=self._env, cwd=str(REPO_DIR),
                                          start_new_session=True)
 
     def output(self):
@@ -75,9 +80,24 @@ class Job:
     def wait_for(self, text, count, limit):
         deadline = time.time() + limit
         while self.output().count(text) < count:
+            if self.proc.poll() is not None and self._launch_failed():
+                continue
             if time.time() > deadline or self.proc.poll() is not None:
                 pytest.fail(f"no {count} x {text!r} within {limit} s:\n{self.output()}")
             time.sleep(0.2)
+
+    def _launch_failed(self):
+        """Start the job once more if Open MPI's daemon on a host did not start (seen once
+        in about ten runs, right after a test that cut that host): what is tested starts
+        only once every rank runs."""
+        out = self.output()
+        if self._relaunched or "RANK " in out or "daemon failed to report back" not in out:
+            return False
+        print(f"the launch failed, started again:\n{out}")
+        self._relaunched = True
+        time.sleep(2)
+        self._start()
+        return True
 
     def finish(self, limit):
         try:
@@ -87,6 +107,9 @@ class Job:
             subprocess.run(["pkill", "-USR1", "-f", SCRIPT], capture_output=True)
             time.sleep(2)
             os.killpg(self.proc.pid, 9)
+            # ranks on other hosts are not in that process group: the next test needs a
+            # cluster without them
+            subprocess.run(["pkill", "-9", "-f", SCRIPT], capture_output=True)
             pytest.fail(f"the job did not end within {limit} s:\n{self.output()}")
         return self.proc.returncode, self.output()
 
@@ -107,14 +130,42 @@ def test_ranks_are_placed_as_asked_and_settings_reach_remote_hosts(cluster, tmp_
     assert out.count("sum=5") == 5, out
 
 
+def _restore(host):
+    """Plug ``host`` back in and wait (30 s at most) for what the last job left there to
+    end, then kill the rest: the next test's launch needs a host without it."""
+    subprocess.run([NETCLUSTER, "heal", host], capture_output=True, timeout=30)
+    deadline = time.time() + 30
+    while _left_on(host) and time.time() < deadline:
+        time.sleep(0.5)
+    for pid in _left_on(host):
+        subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+
+
+def _left_on(host):
+    """The processes of an earlier job still running on ``host``."""
+    pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True,
+                          text=True).stdout.split()
+    left = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"prted" in command or SCRIPT.encode() in command:
+            left.append(int(pid))
+    return left
+
+
 def _lose_a_host(action, tmp_path, env=None):
     job = Job(["-np", "5", "-H", HOSTS, sys.executable, SCRIPT, "120"], tmp_path, env)
     job.wait_for("READY", 5, 120)
     subprocess.run([NETCLUSTER, *action], check=True, capture_output=True, timeout=30)
     lost_at = time.time()
-    code, out = job.finish(120)
-    took = time.time() - lost_at
-    subprocess.run([NETCLUSTER, "heal", "h2"], capture_output=True, timeout=30)
+    try:
+        code, out = job.finish(120)
+    finally:  # the next test needs every host on the switch
+        took = time.time() - lost_at
+        _restore("h2")
     return code, out, took
 
 
@@ -149,11 +200,13 @@ def test_a_host_cut_off_under_fault_tolerance_is_left_behind_and_stops(cluster, 
     cut_pid = int(re.search(r"^READY 2 sum=5 pid=(\d+)$", job.output(), re.M).group(1))
     subprocess.run([NETCLUSTER, "cut", "h2"], check=True, capture_output=True, timeout=30)
     cut_at = time.time()
-    while Path(f"/proc/{cut_pid}").exists() and time.time() - cut_at < 60:
-        time.sleep(0.2)
-    cut_side_took = time.time() - cut_at
-    code, out = job.finish(120)
-    subprocess.run([NETCLUSTER, "heal", "h2"], capture_output=True, timeout=30)
+    try:
+        while Path(f"/proc/{cut_pid}").exists() and time.time() - cut_at < 60:
+            time.sleep(0.2)
+        cut_side_took = time.time() - cut_at
+        code, out = job.finish(120)
+    finally:
+        _restore("h2")
     assert cut_side_took < 5 + 5, (cut_side_took, out)
     finished = re.findall(r"^FINISHED (\d) size=(\d) stall=(\S+)$", out, re.M)
     assert sorted(rank for rank, _, _ in finished) == ["0", "1", "2", "3"], out
@@ -171,8 +224,10 @@ def test_a_cut_that_heals_within_the_timeout_costs_a_stall_and_nothing_else(clus
                sys.executable, SCRIPT, "12", str(tmp_path / "checkpoint.txt")], tmp_path)
     job.wait_for("READY", 5, 120)
     subprocess.run([NETCLUSTER, "cut", "h2"], check=True, capture_output=True, timeout=30)
-    time.sleep(1.5)
-    subprocess.run([NETCLUSTER, "heal", "h2"], check=True, capture_output=True, timeout=30)
+    try:
+        time.sleep(1.5)
+    finally:
+        subprocess.run([NETCLUSTER, "heal", "h2"], check=True, capture_output=True, timeout=30)
     code, out = job.finish(120)
     assert code == 0, out
     finished = re.findall(r"^FINISHED (\d) size=(\d) stall=(\S+)$", out, re.M)
