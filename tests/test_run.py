@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import ripples
+from ripples.runner import job_process
 from ripples.runner.launch import (build_command, hostfile_slots, oversubscription_warning,
                                    parse_args, parse_env_spec, parse_hosts)
 
@@ -334,3 +335,34 @@ def test_launch_log_level_info_shows_the_ripples_loggers_info_lines():
         assert result.returncode == 0, result.stdout + result.stderr
         for rank in range(2):
             assert (f"ripples INFO: hello from rank {rank}" in result.stderr) == shown, flags
+
+
+def _launcher_failing_first(tmp_path, message, status):
+    """A stand-in for mpiexec that fails to start the first time (``message`` on standard
+    error, exit ``status``) and runs the second: the retry is launcher logic alone."""
+    tries, said = tmp_path / "tries", tmp_path / "message"
+    said.write_text(message + "\n")
+    script = tmp_path / "mpiexec"
+    script.write_text(f"""#!/bin/sh
+echo x >> {tries}
+if [ $(wc -l < {tries}) -eq 1 ]; then cat {said} >&2; exit {status}; fi
+echo ran
+""")
+    script.chmod(0o755)
+    return [str(script)], tries
+
+
+@pytest.mark.parametrize("message", [
+    "[vm:01234] PMIx server's listener thread failed to start",
+    "A daemon failed to report back after being spawned. This could"])
+def test_a_launch_open_mpi_failed_to_start_is_made_once_more(tmp_path, capfd, message):
+    argv, tries = _launcher_failing_first(tmp_path, message, 213)
+    assert job_process.run_job(argv, dict(os.environ)) == 0
+    assert tries.read_text().count("x") == 2
+    assert "failed to start the job before any rank ran" in capfd.readouterr().err
+
+
+def test_a_job_failing_for_another_reason_is_not_launched_again(tmp_path):
+    argv, tries = _launcher_failing_first(tmp_path, "Traceback: ValueError", 1)
+    assert job_process.run_job(argv, dict(os.environ)) == 1
+    assert tries.read_text().count("x") == 1

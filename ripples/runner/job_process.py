@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ripples.comm import failures
 
@@ -27,14 +27,28 @@ EXIT_ABORT_STUCK = 1
 ABORT_GRACE_S = 10.0
 
 
-def run_job(argv: List[str], env: Dict[str, str]) -> int:
+def run_job(argv: List[str], env: Dict[str, str], start_retries: int = 1) -> int:
     """Run the job; Ctrl-C is forwarded to mpiexec, which stops the ranks.
 
     mpiexec's error output passes through a watcher (``LostHostWatcher``): Open MPI ends a
     job whose host was lost (killed, powered off) with exit status 0, which would tell a
     scheduler the job succeeded; and after an ``MPI_Abort`` it may wait for good to reach
     the processes of a host that was cut off, so mpiexec is stopped ``ABORT_GRACE_S``
-    after an abort."""
+    after an abort. A launch that Open MPI's runtime failed before any rank ran (its
+    listener thread or a remote daemon did not start) is made again, ``start_retries``
+    times at most."""
+    while True:
+        code, watcher = _run_once(argv, env)
+        if code == 0 or not watcher.start_failed or start_retries <= 0:
+            return code
+        start_retries -= 1
+        print("ripplesrun: Open MPI's runtime failed to start the job before any rank ran: "
+              "starting it once more", file=sys.stderr, flush=True)
+        time.sleep(1.0)
+
+
+def _run_once(argv: List[str], env: Dict[str, str]) -> Tuple[int, "LostHostWatcher"]:
+    """One mpiexec: its status as ``run_job`` reports it, and what its watcher saw."""
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
     watcher = LostHostWatcher(proc.stderr, sys.stderr.buffer)
     watcher.start()
@@ -59,7 +73,7 @@ def run_job(argv: List[str], env: Dict[str, str]) -> int:
                     os.kill(pid, signal.SIGKILL)
             code = proc.wait()
             watcher.join(timeout=5)
-            return 0 if watcher.survivors_finished else EXIT_ABORT_STUCK
+            return (0 if watcher.survivors_finished else EXIT_ABORT_STUCK), watcher
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
     watcher.join(timeout=5)  # a shell left on a lost host may hold the pipe open
@@ -67,14 +81,14 @@ def run_job(argv: List[str], env: Dict[str, str]) -> int:
         # Ranks left behind stop with an error of their own; the job's result is the survivors'.
         print(f"ripplesrun: the survivors finished; mpiexec's status {code} comes from the "
               "ranks left behind: exit status 0", file=sys.stderr, flush=True)
-        return 0
+        return 0, watcher
     if code == 0 and watcher.lost:
         print(f"ripplesrun: error: the job was terminated because host(s) "
               f"{', '.join(watcher.lost)} were lost (Open MPI lost its daemon there: killed, "
               f"down or cut off); exit status {EXIT_HOST_LOST}", file=sys.stderr, flush=True)
-        return EXIT_HOST_LOST
+        return EXIT_HOST_LOST, watcher
     # A job killed by a signal reports -SIG; shells report 128 + SIG.
-    return 128 - code if code < 0 else code
+    return (128 - code if code < 0 else code), watcher
 
 
 def _descendants(pid: int) -> List[int]:
@@ -101,6 +115,10 @@ class LostHostWatcher(threading.Thread):
                        rb"on node (\S+)", re.S)
 
     _ABORT = b"MPI_ABORT was invoked"
+    # Open MPI's runtime failing before any rank ran (seen under load and on a host just
+    # reconnected); a rank's own output never carries these.
+    _START_FAILED = re.compile(rb"listener thread failed to start|"
+                               rb"daemon failed to report back")
     _FINISHED_WITHOUT = f"ripples: {failures.FINISHED_WITHOUT}".encode()
 
     def __init__(self, source, sink):
@@ -110,6 +128,7 @@ class LostHostWatcher(threading.Thread):
         # When the job should have ended: a rank aborted it, or the survivors finished.
         self.ending_at: Optional[float] = None
         self.survivors_finished = False
+        self.start_failed = False  # Open MPI's runtime failed before any rank ran
 
     def give_up_in(self) -> float:
         """How long to wait for mpiexec before looking at ``overdue`` again."""
@@ -133,6 +152,8 @@ class LostHostWatcher(threading.Thread):
             recent = (recent + chunk)[-8192:]
             if self.ending_at is None and self._ABORT in recent:
                 self.ending_at = time.monotonic()
+            if not self.start_failed and self._START_FAILED.search(recent):
+                self.start_failed = True
             if self.ending_at is None and self._FINISHED_WITHOUT in recent:
                 self.ending_at = time.monotonic()
                 self.survivors_finished = True
