@@ -116,7 +116,7 @@ class LostHostWatcher(threading.Thread):
 
     _ABORT = b"MPI_ABORT was invoked"
     # Open MPI's runtime failing before any rank ran (seen under load and on a host just
-    # reconnected); a rank's own output never carries these.
+    # reconnected); a job also fails, so only a rank printing these words would be retried.
     _START_FAILED = re.compile(rb"listener thread failed to start|"
                                rb"daemon failed to report back")
     _FINISHED_WITHOUT = f"ripples: {failures.FINISHED_WITHOUT}".encode()
