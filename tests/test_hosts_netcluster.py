@@ -62,11 +62,16 @@ class Job:
 
     def __init__(self, args, tmp_path, env=None):
         self.log = tmp_path / "job.log"
-        ripplesrun = str(Path(sys.executable).parent / "ripplesrun")
+        self._command = [NETCLUSTER, "exec", "h1",
+                         str(Path(sys.executable).parent / "ripplesrun"), *args]
+        self._env = mpi_env(env)
+        self._relaunched = False
+        self._start()
+
+    def _start(self):
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([NETCLUSTER, "exec", "h1", ripplesrun, *args],
-                                         stdout=out, stderr=subprocess.STDOUT, text=True,
-                                         env=mpi_env(env), cwd=str(REPO_DIR),
+            self.proc = subprocess.Popen(self._command, stdout=out, stderr=subprocess.STDOUT,
+                                         text=True, env=self._env, cwd=str(REPO_DIR),
                                          start_new_session=True)
 
     def output(self):
@@ -75,9 +80,24 @@ class Job:
     def wait_for(self, text, count, limit):
         deadline = time.time() + limit
         while self.output().count(text) < count:
+            if self.proc.poll() is not None and self._relaunch_after_a_failed_start():
+                continue
             if time.time() > deadline or self.proc.poll() is not None:
                 pytest.fail(f"no {count} x {text!r} within {limit} s:\n{self.output()}")
             time.sleep(0.2)
+
+    def _relaunch_after_a_failed_start(self):
+        """Start the job once more if Open MPI's daemon on a host did not start (2 of 3
+        runs of this file once, always right after a test that cut and healed h2; ripplesrun's
+        own retry did not see it): what is tested starts only once every rank runs."""
+        out = self.output()
+        if self._relaunched or "RANK " in out or "daemon failed to report back" not in out:
+            return False
+        print(f"the launch failed (status {self.proc.returncode}), started again:\n{out}")
+        self._relaunched = True
+        time.sleep(5)
+        self._start()
+        return True
 
     def finish(self, limit):
         try:
