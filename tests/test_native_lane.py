@@ -49,3 +49,18 @@ def test_without_a_compiler_the_python_path_runs(monkeypatch, tmp_path):
         native_build.build()
     assert native_build.library() is None
     assert native_lane.status().startswith("unavailable")
+
+
+def test_a_planned_call_shape_never_runs_a_cuda_tensor(monkeypatch):
+    """Plans are keyed by group, name, dtype and shape, not device: a CUDA tensor of a shape
+    planned on the host must take the Python path (the native lane reads host memory; on a
+    GPU it crashed before this check)."""
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"the plan was used: {name}")
+
+    class CudaTensor:
+        is_cuda = True
+
+    monkeypatch.setitem(native_lane._plans, ("key",), Untouchable())
+    assert native_lane.run_planned(("key",), CudaTensor()) is False

@@ -296,7 +296,7 @@ def run_planned(key: tuple, tensor: torch.Tensor) -> bool:
     shape, built by the caller); False when it must take the Python path (no plan yet, the
     engine busy, the members on something else: the caller then runs it as usual)."""
     plan = _plans.get(key)
-    if plan is None:
+    if plan is None or tensor.is_cuda:  # plans are for host memory; keys hold no device
         return False
     rt = _runtime.current()
     lane = plan.lane
