@@ -22,17 +22,50 @@ def test_average_is_one_nccl_pass_only_when_every_member_contributes():
     assert gpu.nccl_operation(ReduceOp.PRODUCT, torch.int32, active=4, members=4) == "prod"
 
 
-def test_the_gpu_path_is_part_of_a_cuda_all_reduce_signature(monkeypatch):
-    texts = reduction._allreduce_texts.__wrapped__  # not the cache: the path is patched
-    args = ("allreduce", ReduceOp.SUM, torch.float32, (4,), True, 1.0, 1.0)
-    monkeypatch.setattr(reduction, "gpu_path", lambda: "nccl")
-    with_nccl = texts(*args)
-    monkeypatch.setattr(reduction, "gpu_path", lambda: "mpi")
-    with_mpi = texts(*args)
-    assert with_nccl[0].endswith(" on cuda/nccl") and with_mpi[0].endswith(" on cuda/mpi")
-    assert with_nccl[0] != with_mpi[0] and with_nccl[1] != with_mpi[1]
-    host = texts("allreduce", ReduceOp.SUM, torch.float32, (4,), False, 1.0, 1.0)
+def test_the_gpu_path_is_part_of_a_cuda_all_reduce_signature():
+    texts = reduction._allreduce_texts
+    by_path = {path: texts("allreduce", ReduceOp.SUM, torch.float32, (4,), path, 1.0, 1.0)
+               for path in ("nccl", "mpi", "host")}
+    for path, (sig, wire) in by_path.items():
+        assert sig.endswith(f" on cuda/{path}") and wire.split("|")[1].endswith(f":cuda/{path}")
+    assert len({sig for sig, _ in by_path.values()}) == 3
+    assert len({wire for _, wire in by_path.values()}) == 3
+    host = texts("allreduce", ReduceOp.SUM, torch.float32, (4,), None, 1.0, 1.0)
     assert " on " not in host[0] and host[1].split("|")[1].endswith(":cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_sums_staged_through_the_host_send_what_host_tensors_send(dtype):
+    """A joined rank contributes what the wire says: staged CUDA tensors are reduced as
+    host tensors (16-bit on the wire), NCCL in their own dtype, CUDA-aware MPI in float32."""
+    def sent(path):
+        wire = reduction._allreduce_texts("allreduce", ReduceOp.SUM, dtype, (8,), path, 1.0,
+                                          1.0)[1]
+        return wire.split("|")[3]
+
+    name = str(dtype)[6:]
+    assert sent("host") == sent(None) == name
+    assert sent("mpi") == "float32"
+
+
+def test_automatic_path_without_nccl_is_the_host_and_a_setting_is_taken_as_given(monkeypatch):
+    from ripples.comm import nccl
+    monkeypatch.setattr(nccl, "nccl_available", lambda: False)
+    gpu._automatic_gpu_path.cache_clear()
+    try:
+        assert gpu.gpu_path("auto") == "host"
+        monkeypatch.setattr(nccl, "nccl_available", lambda: True)
+        gpu._automatic_gpu_path.cache_clear()
+        assert gpu.gpu_path("auto") == "nccl"
+    finally:
+        gpu._automatic_gpu_path.cache_clear()
+    assert [gpu.gpu_path(s) for s in ("nccl", "mpi", "host")] == ["nccl", "mpi", "host"]
+
+
+def test_an_unknown_gpu_path_is_refused_naming_the_choices():
+    from ripples.core.config import Config
+    with pytest.raises(ValueError, match=r"gpu_path.*'auto' or 'nccl' or 'mpi' or 'host'"):
+        Config(gpu_path="cuda")
 
 
 def test_a_group_keeps_its_nccl_communicator_on_one_device():

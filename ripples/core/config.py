@@ -30,6 +30,7 @@ HOROVOD_NAMES = {
 }
 
 GROUP_ALLREDUCE = ("auto", "communicator", "ring")
+GPU_PATHS = ("auto", "nccl", "mpi", "host")
 # group_allreduce="auto": the smallest fused run a group sends around the ring.
 RING_MIN_BYTES = 16 << 20
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -64,6 +65,11 @@ class Config:
         (``ripples.ops.native_lane``), which checks that every member makes the same call
         and falls back to the Python path otherwise. False: always the Python path. Every
         rank must use the same setting.
+    gpu_path: how CUDA tensors are all-reduced (every rank must choose alike).
+        ``"nccl"``: NCCL through cupy, one GPU per rank of a group. ``"mpi"``: MPI reads
+        device memory directly (a CUDA-aware MPI only). ``"host"``: copied to host memory,
+        reduced there over MPI, copied back (any MPI; ranks may share a GPU). ``"auto"``:
+        NCCL when cupy with NCCL imports, else ``"host"``.
     fault_tolerant: survive dead ranks (decentralized and elastic modes): a process
         failure revokes ripples' communicators, the survivors shrink the world and go on
         (``ripples.comm.failures``, ``ripples.torch.elastic``). Needs Open MPI's ULFM
@@ -126,6 +132,7 @@ class Config:
     stall_shutdown_s: float = 300.0
     abort_on_exception: bool = True
     native_lane: bool = True
+    gpu_path: str = "auto"
     fault_tolerant: bool = False
     group_allreduce: str = "auto"
     horovod_join: bool = False
@@ -156,6 +163,8 @@ class Config:
                  "a positive number of seconds")
         _require(self.stall_shutdown_s >= 0, "stall_shutdown_s", self.stall_shutdown_s,
                  "a number of seconds >= 0 (0 never fails a busy peer)")
+        _require(self.gpu_path in GPU_PATHS, "gpu_path", self.gpu_path,
+                 " or ".join(repr(v) for v in GPU_PATHS))
         _require(self.group_allreduce in GROUP_ALLREDUCE, "group_allreduce",
                  self.group_allreduce, " or ".join(repr(v) for v in GROUP_ALLREDUCE))
         _require(isinstance(self.log_level, str) and self.log_level.lower() in LOG_LEVELS,

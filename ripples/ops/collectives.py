@@ -49,7 +49,8 @@ def _allreduce_async(tensors, outputs, op, prescale, postscale, process_set, nam
     prescale, postscale = _factor(prescale, "prescale_factor"), _factor(postscale,
                                                                          "postscale_factor")
     # Raises at the call (e.g. Average on bool), before anything is submitted.
-    texts = [allreduce_texts(what, op, tensor, prescale, postscale) for tensor in tensors]
+    texts = [allreduce_texts(what, op, tensor, prescale, postscale, rt.config.gpu_path)
+             for tensor in tensors]
     handle = Handle(what, result, parts=len(tensors))
     names = _names(rt, group, what, name, len(tensors))
     reduce = (op, prescale, postscale)

@@ -7,6 +7,8 @@ Not exercised on these machines (no GPU); the GPU tests run it where a GPU exist
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from mpi4py import MPI
 
@@ -21,12 +23,21 @@ _NCCL_BOOL_OPS = {ReduceOp.SUM: "max", ReduceOp.MAX: "max", ReduceOp.MIN: "min",
                   ReduceOp.PRODUCT: "min"}
 
 
-def gpu_path() -> str:
-    """How this rank reduces CUDA tensors: ``"nccl"`` or ``"mpi"`` (CUDA-aware MPI). Part
-    of every CUDA all-reduce's signature, so members that would take different paths (one
-    lacks cupy) get ``MismatchError`` instead of waiting on each other for good."""
+def gpu_path(setting: str = "auto") -> str:
+    """How this rank reduces CUDA tensors under ``Config.gpu_path`` ``setting``: ``"nccl"``,
+    ``"mpi"`` (CUDA-aware MPI) or ``"host"`` (staged through host memory); ``"auto"`` is
+    NCCL where cupy with NCCL imports, else the host. Part of every CUDA all-reduce's
+    signature, so members that would take different paths (one lacks cupy) get
+    ``MismatchError`` instead of waiting on each other for good."""
+    if setting != "auto":
+        return setting
+    return _automatic_gpu_path()
+
+
+@functools.lru_cache(maxsize=1)  # asked on every CUDA all-reduce; cupy's import is stable
+def _automatic_gpu_path() -> str:
     from ripples.comm.nccl import nccl_available
-    return "nccl" if nccl_available() else "mpi"
+    return "nccl" if nccl_available() else "host"
 
 
 def nccl_operation(op: ReduceOp, dtype: torch.dtype, active: int, members: int) -> str:
@@ -81,7 +92,8 @@ class NcclCache:
 
 def reduce_on_gpu(runtime, comm, group, pairs, op: ReduceOp, active: int, prescale: float,
                   postscale: float, mpi_operation) -> None:
-    """All-reduce CUDA ``pairs`` (inputs into outputs) over ``group``: one fused buffer."""
+    """All-reduce CUDA ``pairs`` (inputs into outputs) over ``group``, one fused buffer,
+    by NCCL or CUDA-aware MPI (``gpu_path``; the host path is ``reduction``'s)."""
     source = pairs[0][0]
     total = sum(p[0].numel() for p in pairs)
     single = len(pairs) == 1 and prescale == 1.0 and all(t.is_contiguous() for t in pairs[0])
@@ -95,7 +107,7 @@ def reduce_on_gpu(runtime, comm, group, pairs, op: ReduceOp, active: int, presca
     divisor = len(group) if runtime.config.horovod_join else active  # as reduce_pairs
     post = postscale / divisor if op is ReduceOp.AVERAGE else postscale
     if len(group) > 1:
-        if gpu_path() == "nccl":
+        if gpu_path(runtime.config.gpu_path) == "nccl":
             nccl_op = nccl_operation(op, source.dtype, active, len(group))
             if nccl_op == "avg":
                 post = postscale  # NCCL averaged in the same pass

@@ -37,14 +37,20 @@ def _signature(what: str, op: ReduceOp, dtype: torch.dtype, shapes: tuple) -> st
     return text
 
 
-def wire_dtype(op: ReduceOp, tensor: torch.Tensor) -> torch.dtype:
+def wire_dtype(op: ReduceOp, tensor: torch.Tensor, gpu_setting: str = "auto") -> torch.dtype:
     """The dtype an all-reduce of ``tensor`` sends: host float16/bfloat16 sums (Sum,
-    Average) stay 16-bit (``half_allreduce``); other 16-bit reductions run in float32."""
-    return _sent_dtype(op, tensor.dtype, tensor.is_cuda)
+    Average) stay 16-bit (``half_allreduce``); other 16-bit reductions run in float32.
+    CUDA tensors staged through the host (``gpu_path``) count as host tensors."""
+    return _sent_dtype(op, tensor.dtype, _on_device(tensor, gpu_setting))
 
 
-def _sent_dtype(op: ReduceOp, dtype: torch.dtype, is_cuda: bool) -> torch.dtype:
-    if dtype in HALF_DTYPES and not is_cuda and op in _16BIT_OPS:
+def _on_device(tensor: torch.Tensor, gpu_setting: str) -> bool:
+    """Whether ``tensor`` is reduced in device memory (not staged through the host)."""
+    return tensor.is_cuda and gpu_path(gpu_setting) != "host"
+
+
+def _sent_dtype(op: ReduceOp, dtype: torch.dtype, on_device: bool) -> torch.dtype:
+    if dtype in HALF_DTYPES and not on_device and op in _16BIT_OPS:
         return dtype
     return reduction_dtype(dtype)
 
@@ -53,32 +59,34 @@ _16BIT_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
 
 
 def allreduce_texts(what: str, op: ReduceOp, tensor: torch.Tensor, prescale: float,
-                    postscale: float) -> Tuple[str, str]:
+                    postscale: float, gpu_setting: str = "auto") -> Tuple[str, str]:
     """The signature and the wire text (``allreduce_wire``) of an all-reduce request of
     ``tensor``, computed once per call shape, so that a blocking all-reduce in a loop pays
-    one dictionary lookup for both. Raises ValueError when ``op`` is not defined on the
-    dtype (e.g. Average on bool)."""
-    return _allreduce_texts(what, op, tensor.dtype, tensor.shape, tensor.is_cuda, prescale,
-                            postscale)
+    one dictionary lookup for both. ``gpu_setting`` is ``Config.gpu_path``. Raises
+    ValueError when ``op`` is not defined on the dtype (e.g. Average on bool)."""
+    path = gpu_path(gpu_setting) if tensor.is_cuda else None
+    return _allreduce_texts(what, op, tensor.dtype, tensor.shape, path, prescale, postscale)
 
 
 def allreduce_wire(what: str, op: ReduceOp, tensor: torch.Tensor, prescale: float,
-                   postscale: float) -> str:
+                   postscale: float, gpu_setting: str = "auto") -> str:
     """The wire text of an all-reduce request: its fusion key, then what a joined rank needs
     to take part (MPI op, the dtype sent, element count) and its size for chunking. A
     16-bit dtype sent means the 16-bit sum (``allreduce_16bit_``) instead of MPI's."""
-    return allreduce_texts(what, op, tensor, prescale, postscale)[1]
+    return allreduce_texts(what, op, tensor, prescale, postscale, gpu_setting)[1]
 
 
 @functools.lru_cache(maxsize=4096)  # training repeats the same few calls every step
-def _allreduce_texts(what, op, dtype, shape, is_cuda, prescale, postscale) -> Tuple[str, str]:
+def _allreduce_texts(what, op, dtype, shape, path, prescale, postscale) -> Tuple[str, str]:
+    """``path``: the ``gpu_path`` of a CUDA tensor, None for a host tensor."""
     operation = next(n for n, o in _OP_NAMES.items() if o == mpi_op(op, dtype))
     numel = math.prod(shape)
-    # Members must reduce device tensors the same way (NCCL or CUDA-aware MPI): the path
-    # is part of the signature, so a member without NCCL is a mismatch, not a hang.
-    device = f"cuda/{gpu_path()}" if is_cuda else "cpu"
+    is_cuda = path is not None
+    # Members must reduce device tensors the same way (NCCL, CUDA-aware MPI or the host):
+    # the path is part of the signature, so a member without NCCL is a mismatch, not a hang.
+    device = f"cuda/{path}" if is_cuda else "cpu"
     key = f"{what}:{str(dtype)[6:]}:{op}:{prescale!r}:{postscale!r}:{device}"
-    sent = str(_sent_dtype(op, dtype, is_cuda))[6:]
+    sent = str(_sent_dtype(op, dtype, is_cuda and path != "host"))[6:]
     wire = f"allreduce|{key}|{operation}|{sent}|{numel}|{numel * dtype.itemsize}"
     sig = f"{signature(what, op, dtype, [shape])} pre={prescale!r} post={postscale!r}"
     if is_cuda:
@@ -107,7 +115,11 @@ def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair]
     divisor = len(group) if runtime.config.horovod_join else active
     post = postscale / divisor if op is ReduceOp.AVERAGE else postscale
     if pairs[0][0].is_cuda:
-        reduce_on_gpu(runtime, comm, group, pairs, op, active, prescale, postscale, mpi_operation)
+        if gpu_path(runtime.config.gpu_path) == "host":
+            _reduce_through_host(runtime, comm, group, active, pairs, op, prescale, postscale)
+        else:
+            reduce_on_gpu(runtime, comm, group, pairs, op, active, prescale, postscale,
+                          mpi_operation)
         return
     if isinstance(comm, PeerRing):
         _reduce_over_ring(runtime, comm, pairs, mpi_operation, prescale, post)
@@ -206,6 +218,17 @@ def _reduce_integers(runtime, comm, group_size, pairs, operation, prescale, post
     if post != 1.0:
         for target in targets:
             target.copy_(_scaled_integers(target, post))
+
+
+def _reduce_through_host(runtime, comm, group: Group, active: int, pairs: Sequence[Pair],
+                         op: ReduceOp, prescale: float, postscale: float) -> None:
+    """The host path for CUDA ``pairs`` (``gpu_path`` "host"): copies to host memory (each
+    waits for the work queued on the current stream), the host reduction, copies back."""
+    staged = [source.detach().to("cpu") for source, _ in pairs]
+    reduce_pairs(runtime, comm, group, active, [(t, t) for t in staged], op, prescale,
+                 postscale)
+    for (_, target), result in zip(pairs, staged):
+        target.copy_(result)
 
 
 def _scaled_integers(tensor: torch.Tensor, factor: float) -> torch.Tensor:
