@@ -116,3 +116,34 @@ def test_two_ranks_under_mpi():
     if torch.cuda.device_count() < 2:
         pytest.skip("NCCL needs one GPU per rank: fewer than 2 GPUs")
     run_pytest_under_mpi("mpi_nccl.py", 2, timeout=120)
+
+
+def test_ranks_sharing_a_gpu_are_found_by_host_and_gpu():
+    assert backend.ranks_sharing_a_gpu([("a", "u0"), ("a", "u1"), ("b", "u0")]) is None
+    assert backend.ranks_sharing_a_gpu([("a", "u0"), ("a", "u1"), ("a", "u1"), ("a", "u0")]) \
+        == (1, 2)
+
+
+def test_two_members_on_one_gpu_are_refused_before_nccl_is_asked(monkeypatch):
+    """Every member gets the same places, so every member raises (no rank waits in NCCL's
+    init for a peer that refused)."""
+    class Comm:
+        def Get_rank(self):
+            return 1
+
+        def Get_size(self):
+            return 2
+
+        def allgather(self, place):
+            return [("host", "GPU-1"), place]
+
+        def bcast(self, *args, **kwargs):
+            raise AssertionError("the unique id must not be sent")
+
+    monkeypatch.setattr(backend, "_import_nccl", lambda: None)
+    monkeypatch.setattr(backend, "_as_cuda_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(backend, "_gpu_place", lambda device: ("host", "GPU-1"))
+    from ripples.core.errors import RipplesError
+    with pytest.raises(RipplesError, match=r"group \(0, 1\): ranks 0 and 1 of it are both on "
+                                           r"GPU \('host', 'GPU-1'\).*RIPPLES_GPU_PATH=host"):
+        backend.NcclCommunicator.from_mpi(Comm(), label="group (0, 1)")

@@ -8,6 +8,7 @@ raises RuntimeError carrying the original ImportError.
 """
 from __future__ import annotations
 
+import socket
 from typing import Optional, Union
 
 import torch
@@ -100,6 +101,18 @@ class NcclCommunicator:
         and the next call raises ``RipplesTimeoutError`` naming ``label``."""
         nccl = _import_nccl()
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+        device = _as_cuda_device(device)
+        # NCCL refuses two ranks of one communicator on one GPU, after a wait at best:
+        # every member sees the same places and raises the same error instead.
+        places = mpi_comm.allgather(_gpu_place(device))
+        shared = ranks_sharing_a_gpu(places)
+        if shared:
+            first, second = shared
+            raise RipplesError(
+                f"{label}: ranks {first} and {second} of it are both on GPU {places[first]}, "
+                "and NCCL needs one GPU per rank: give each local rank its own GPU "
+                "(torch.cuda.set_device(hvd.local_rank())), or set RIPPLES_GPU_PATH=host to "
+                "reduce CUDA tensors through host memory (ranks may then share a GPU)")
         unique_id = nccl.get_unique_id() if rank == 0 else None
         unique_id = mpi_comm.bcast(unique_id, root=0)
         return cls(size, unique_id, rank, device, watchdog, label)
@@ -224,6 +237,23 @@ class NcclCommunicator:
             done = torch.cuda.Event()
             done.record(stream)
             self.watchdog.track(what, self, self.label, began, done, self.abort)
+
+
+def ranks_sharing_a_gpu(places: list) -> Optional[tuple]:
+    """The first two ranks (by rank) whose ``places`` (host, GPU) are equal, or None."""
+    seen: dict = {}
+    for rank, place in enumerate(places):
+        if place in seen:
+            return seen[place], rank
+        seen[place] = rank
+    return None
+
+
+def _gpu_place(device: torch.device) -> tuple:
+    """Where ``device`` is: this host's name and the GPU's UUID (its index where torch gives
+    no UUID), so that two processes' views of one GPU compare equal."""
+    properties = torch.cuda.get_device_properties(device)
+    return socket.gethostname(), str(getattr(properties, "uuid", device.index))
 
 
 def _as_cuda_device(device) -> torch.device:
