@@ -102,3 +102,24 @@ def test_the_thread_aborts_on_its_own_and_closes():
 def test_the_timeout_must_be_positive():
     with pytest.raises(ValueError, match="timeout_s"):
         NcclWatchdog(0)
+
+
+def test_a_stream_of_short_operations_does_not_wake_the_thread_for_each():
+    """Operations that finish before the next pass leave nothing pending; the next one must
+    not wake the thread at once (each wake takes the GIL from the caller): passes happen
+    poll_s apart, not once per operation."""
+    import time
+
+    dog = NcclWatchdog(30.0, poll_s=0.05)
+    passes = []
+    check = dog.check
+    dog.check = lambda: (passes.append(1), check())
+    try:
+        for _ in range(100):  # ~0.1 s, the caller releasing the GIL between operations
+            dog.track("allreduce", "comm", "world", Event(True), Event(True), lambda: None)
+            time.sleep(0.001)
+        time.sleep(0.12)
+        assert dog.pending == []  # the thread did look
+        assert 1 <= len(passes) <= 10, f"{len(passes)} passes for 100 operations"
+    finally:
+        dog.close()

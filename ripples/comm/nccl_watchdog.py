@@ -21,8 +21,10 @@ events, one recorded just before it and one just after. The watchdog polls them:
   again); ``forget(owner)``, called when it is closed, drops it, so that a communicator
   built later for the same group starts clean.
 
-Polling runs on one daemon thread, started with the first tracked operation; it sleeps
-``poll_s`` between passes and waits on a condition while nothing is tracked. The clock and
+Polling runs on one daemon thread, started with the first tracked operation: it waits on a
+condition while nothing is tracked, and makes a pass ``poll_s`` after work arrives and
+every ``poll_s`` while any is pending (never once per operation: waking the thread takes
+the GIL from the caller). The clock and
 the events are injected (``clock``, objects with ``query()``), so the logic is tested
 without a GPU; ``check()`` is one pass, for tests and for the thread.
 """
@@ -73,12 +75,14 @@ class NcclWatchdog:
         """Watch one operation of communicator ``owner`` (named ``label`` in errors),
         enqueued between events ``began`` and ``done``."""
         with self._cond:
+            idle = not self.pending
             self.pending.append(Pending(what, owner, label, began, done, abort))
             if self.start_thread and self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="ripples-nccl-watchdog",
                                                 daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if idle:  # else the thread looks at it anyway within poll_s (see _run)
+                self._cond.notify()
 
     def raise_if_failed(self, owner) -> None:
         """Raise the error recorded for communicator ``owner``, if any."""
@@ -135,7 +139,10 @@ class NcclWatchdog:
                 if not self.pending:
                     self._cond.wait()
                     continue
+                # Look poll_s after work arrived, not at once: short operations finish
+                # before the look, leaving nothing pending, so waking for each next one
+                # took the GIL from the caller once per operation (+20 us a call).
+                self._cond.wait(self.poll_s)
+                if self._closed:
+                    return
             self.check()
-            with self._cond:
-                if not self._closed:
-                    self._cond.wait(self.poll_s)
