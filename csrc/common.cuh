@@ -190,7 +190,22 @@ RIPPLES_HD void scaled_copy_lane(const Src* src, Dst* dst, i64 n,
       reinterpret_cast<const Vec<Src, VectorWidth<Src, Dst>::value>*>(src + head);
   Vec<Dst, VectorWidth<Src, Dst>::value>* vdst =
       reinterpret_cast<Vec<Dst, VectorWidth<Src, Dst>::value>*>(dst + head);
-  for (i64 j = lane; j < vectors; j += lanes) {
+  // Four loads in flight before the stores: src and dst may alias (in-place scale), so
+  // the compiler cannot reorder one iteration's load past the previous one's store, and a
+  // load-store-load chain leaves the memory system idle. Each element is still read and
+  // written by one lane only.
+  const int U = 4;
+  i64 j = lane;
+  for (; j + (U - 1) * lanes < vectors; j += U * lanes) {
+    Vec<Src, VectorWidth<Src, Dst>::value> in[U];
+    for (int u = 0; u < U; ++u) in[u] = vsrc[j + u * lanes];
+    for (int u = 0; u < U; ++u) {
+      Vec<Dst, VectorWidth<Src, Dst>::value> out;
+      for (int k = 0; k < V; ++k) out.v[k] = scaled_cast<Src, Dst>(in[u].v[k], scale);
+      vdst[j + u * lanes] = out;
+    }
+  }
+  for (; j < vectors; j += lanes) {
     const Vec<Src, VectorWidth<Src, Dst>::value> in = vsrc[j];
     Vec<Dst, VectorWidth<Src, Dst>::value> out;
     for (int k = 0; k < V; ++k) out.v[k] = scaled_cast<Src, Dst>(in.v[k], scale);

@@ -59,7 +59,7 @@ def test_pack_unpack_on_gpu_match_reference(tensor_dtype, buffer_dtype, misalign
         _assert_match(out[misalign:], want)
 
         targets = [torch.zeros_like(t) for t in tensors]
-        targets[-1] = torch.zeros(5, 6, dtype=tensor_dtype, device=device).t()
+        targets[-1] = torch.zeros(6, 5, dtype=tensor_dtype, device=device).t()  # strided
         kernels.unpack(out[misalign:], targets, scale)
         cpu_targets = [torch.zeros(t.shape, dtype=tensor_dtype) for t in tensors]
         kernels.unpack(want, cpu_targets, scale)

@@ -108,10 +108,10 @@ def _check_buffer(buffer, name: str, tensors: list) -> None:
         raise ValueError(f"{name} holds {buffer.numel()} elements but the tensors have "
                          f"{total}; allocate at least {total}")
     # Cheap flag first (this runs every step for every tensor); full comparison on doubt.
-    on_cpu = buffer.device.type == "cpu"
-    if not on_cpu or any(not t.is_cpu for t in tensors):
+    if not buffer.is_cpu or any(not t.is_cpu for t in tensors):
+        where, on_cuda = buffer.get_device(), buffer.is_cuda  # ints and flags: cheap
         for i, t in enumerate(tensors):
-            if t.device != buffer.device:
+            if t.get_device() != where or t.is_cuda != on_cuda:
                 raise ValueError(f"tensors[{i}] is on {t.device} but {name} is on "
                                  f"{buffer.device}; move them to one device")
 

@@ -80,11 +80,22 @@ def load_module(device_index: int):
         return module
 
 
+_kernels: dict = {}  # (device index, kernel name) -> cupy RawKernel
+_streams: dict = {}  # torch stream handle -> cupy ExternalStream over it
+
+
 def _launch(device_index: int, name: str, grid: tuple, args: tuple) -> None:
+    # The lookups are cached: a training step launches a few kernels per fused run, and
+    # cupy's own per-launch objects cost more than the kernels on small buffers.
     cupy = _import_cupy()
-    kernel = load_module(device_index).get_function(name)
-    stream = torch.cuda.current_stream(device_index).cuda_stream
-    with cupy.cuda.Device(device_index), cupy.cuda.ExternalStream(stream):
+    kernel = _kernels.get((device_index, name))
+    if kernel is None:
+        kernel = _kernels[(device_index, name)] = load_module(device_index).get_function(name)
+    handle = torch.cuda.current_stream(device_index).cuda_stream
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = _streams[handle] = cupy.cuda.ExternalStream(handle, device_index)
+    with cupy.cuda.Device(device_index), stream:
         kernel(grid, (geometry()["threads"],), args)
 
 
@@ -111,61 +122,70 @@ def _segment_table(device: torch.device, rows: list) -> torch.Tensor:
     return table
 
 
-def _supported(tensors: Sequence[torch.Tensor], buffer: torch.Tensor) -> bool:
-    return buffer.dtype in SUFFIX and buffer.is_contiguous() and all(
-        t.dtype in SUFFIX for t in tensors)
-
-
 def _run_segments(kind: str, pieces: list, buffer: torch.Tensor, scale: float) -> None:
-    """One launch per tensor dtype (and per 65535 tensors) over ``(tensor, offset)`` pieces."""
+    """One launch per tensor dtype (and per 65535 tensors) over ``(dtype, ptr, numel,
+    offset)`` pieces of non-empty tensors."""
     import numpy as np
 
     by_dtype: dict = {}
-    for t, offset in pieces:
-        if t.numel():
-            by_dtype.setdefault(t.dtype, []).append((t, offset))
+    for dtype, ptr, numel, offset in pieces:
+        by_dtype.setdefault(dtype, []).append((ptr, numel, offset))
     device_index = buffer.device.index
-    for dtype, group in by_dtype.items():
+    for dtype, rows in by_dtype.items():
         if kind == "pack":
             name = f"ripples_pack_{SUFFIX[dtype]}_{SUFFIX[buffer.dtype]}"
         else:
             name = f"ripples_unpack_{SUFFIX[buffer.dtype]}_{SUFFIX[dtype]}"
-        for start in range(0, len(group), MAX_SEGMENTS_PER_LAUNCH):
-            chunk = group[start:start + MAX_SEGMENTS_PER_LAUNCH]
-            rows = [(t.data_ptr(), t.numel(), offset) for t, offset in chunk]
-            table = _segment_table(buffer.device, rows)
-            grid = (_blocks(max(n for _, n, _ in rows)), len(rows))
+        for start in range(0, len(rows), MAX_SEGMENTS_PER_LAUNCH):
+            chunk = rows[start:start + MAX_SEGMENTS_PER_LAUNCH]
+            table = _segment_table(buffer.device, chunk)
+            grid = (_blocks(max(row[1] for row in chunk)), len(chunk))
             _launch(device_index, name, grid,
                     (np.uint64(table.data_ptr()), np.uint64(buffer.data_ptr()),
                      np.float64(scale)))
 
 
+# pack and unpack read each tensor's attributes once: with many small tensors (a model's
+# biases and norms) the host side of a launch costs more than the copy itself.
+
 def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor, scale: float) -> None:
     """CUDA :func:`ripples.kernels.pack` (arguments already validated)."""
-    if not _supported(tensors, out):
+    if out.dtype not in SUFFIX or not out.is_contiguous():
         reference.pack(tensors, out, scale)
         return
-    pieces, offset = [], 0
+    pieces, copies, offset = [], [], 0
     for t in tensors:
-        pieces.append((t if t.is_contiguous() else t.contiguous(), offset))
-        offset += t.numel()
+        dtype, numel = t.dtype, t.numel()
+        if dtype not in SUFFIX:
+            reference.pack(tensors, out, scale)
+            return
+        if numel:
+            if not t.is_contiguous():
+                t = t.contiguous()
+                copies.append(t)  # alive until the launch is queued behind its copy
+            pieces.append((dtype, t.data_ptr(), numel, offset))
+        offset += numel
     _run_segments("pack", pieces, out, scale)
 
 
 def unpack(buffer: torch.Tensor, tensors: Sequence[torch.Tensor], scale: float) -> None:
     """CUDA :func:`ripples.kernels.unpack` (arguments already validated)."""
-    if not _supported(tensors, buffer):
+    if buffer.dtype not in SUFFIX or not buffer.is_contiguous():
         reference.unpack(buffer, tensors, scale)
         return
     pieces, strided, offset = [], [], 0
     for t in tensors:
-        if t.is_contiguous():
-            pieces.append((t, offset))
-        else:
-            staging = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-            pieces.append((staging, offset))
-            strided.append((t, staging))
-        offset += t.numel()
+        dtype, numel = t.dtype, t.numel()
+        if dtype not in SUFFIX:
+            reference.unpack(buffer, tensors, scale)
+            return
+        if numel:
+            target = t
+            if not t.is_contiguous():
+                target = torch.empty(t.shape, dtype=dtype, device=t.device)
+                strided.append((t, target))
+            pieces.append((dtype, target.data_ptr(), numel, offset))
+        offset += numel
     _run_segments("unpack", pieces, buffer, scale)
     for t, staging in strided:
         t.copy_(staging)
