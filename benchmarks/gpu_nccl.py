@@ -1,0 +1,107 @@
+"""Latency of ripples' NCCL path against a direct NCCL call, and an NCCL communicator's
+creation cost, on one GPU.
+
+With one GPU, NCCL runs a world of one rank (NCCL refuses two ranks of a communicator on
+one GPU), so this measures what ripples adds around the call, not the network:
+
+- ``nccl direct``: cupy's ``ncclAllReduce`` on the current stream, then a stream sync;
+- ``ripples NcclCommunicator``: the same call through ``ripples.comm.nccl`` (argument
+  checks and the watchdog's two CUDA events), then a stream sync; ``unwatched``: the
+  same without a watchdog;
+- ``ripples allreduce_``: ``hvd.allreduce_`` of a CUDA tensor in a one-rank job (the whole
+  Python path; a group of one makes no NCCL call, it scales in place), then a sync.
+
+Creation: ``ncclCommInitRank`` (through cupy) for a one-rank communicator, median of
+``--inits``; ``ncclCommSplit`` where cupy exposes it. Times are medians of ``--iters`` calls,
+the three rows interleaved so that they see the same machine.
+
+    python benchmarks/gpu_nccl.py [--iters 200] [--inits 5] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from harness import report, stats, timing
+
+SIZES = [256, 4096, 65536, 1 << 20]
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--inits", type=int, default=5)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    from cupy.cuda import nccl
+
+    import ripples.torch as hvd
+    from ripples.comm.nccl import NcclCommunicator, nccl_version
+    from ripples.comm.nccl_watchdog import NcclWatchdog
+
+    hvd.init()
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    stream = torch.cuda.current_stream(device)
+    dog = NcclWatchdog(60.0)
+    ours = NcclCommunicator(1, nccl.get_unique_id(), 0, device, watchdog=dog, label="bench")
+    unwatched = NcclCommunicator(1, nccl.get_unique_id(), 0, device, label="bench")
+    direct = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    print(f"device: {torch.cuda.get_device_name(device)}, NCCL {nccl_version()}, torch "
+          f"{torch.__version__}, compute: none (latency of one call, synchronized)")
+    print(f"{'bytes':>8} {'nccl direct(us)':>16} {'NcclCommunicator(us)':>21} "
+          f"{'unwatched(us)':>14} {'allreduce_(us)':>15} {'added(us)':>10}")
+    rows = []
+    for nbytes in SIZES:
+        x = torch.ones(nbytes // 4, device=device)
+
+        def sync(_=None):
+            stream.synchronize()
+
+        calls = {
+            "nccl direct": lambda _: (direct.allReduce(x.data_ptr(), x.data_ptr(), x.numel(),
+                                                       nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                                                       stream.cuda_stream), sync()),
+            "ripples NcclCommunicator": lambda _: (ours.allreduce(x, x, "sum"), sync()),
+            "NcclCommunicator unwatched": lambda _: (unwatched.allreduce(x, x, "sum"), sync()),
+            "ripples allreduce_": lambda _: (hvd.allreduce_(x, op=hvd.Sum), sync()),
+        }
+        times = timing.interleaved(calls, args.iters, warmup=10)
+        med = {name: stats.median(t) * 1e6 for name, t in times.items()}
+        row = {"bytes": nbytes, **{f"{name} us": value for name, value in med.items()},
+               "added us (NcclCommunicator - direct)":
+                   med["ripples NcclCommunicator"] - med["nccl direct"]}
+        rows.append(row)
+        print(f"{nbytes:>8} {med['nccl direct']:>16.1f} {med['ripples NcclCommunicator']:>21.1f} "
+              f"{med['NcclCommunicator unwatched']:>14.1f} {med['ripples allreduce_']:>15.1f} "
+              f"{row[list(row)[-1]]:>10.1f}")
+    inits = []
+    for _ in range(args.inits):
+        uid = nccl.get_unique_id()
+        start = time.perf_counter()
+        comm = nccl.NcclCommunicator(1, uid, 0)
+        inits.append(time.perf_counter() - start)
+        comm.destroy()
+    split = hasattr(nccl.NcclCommunicator, "commSplit") or hasattr(nccl, "commSplit")
+    print(f"ncclCommInitRank (1 rank): median {stats.median(inits) * 1e3:.1f} ms of {args.inits}; "
+          f"ncclCommSplit through cupy: {'available' if split else 'not exposed'}")
+    ours.close()
+    unwatched.close()
+    dog.close()
+    result = report.stamped({
+        "benchmark": "gpu_nccl", "device_name": torch.cuda.get_device_name(device),
+        "nccl": nccl_version(), "torch": torch.__version__, "iters": args.iters,
+        "rows": rows, "init_rank_ms": [t * 1e3 for t in inits],
+        "comm_split_exposed_by_cupy": split,
+    }, report.command_line(None if argv is None else ["benchmarks/gpu_nccl.py", *argv]))
+    if args.json:
+        report.write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
