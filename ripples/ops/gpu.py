@@ -1,9 +1,10 @@
-"""The all-reduce path for CUDA tensors: NCCL when available, else CUDA-aware MPI.
+"""The all-reduce path for CUDA tensors (``Config.gpu_path``): NCCL, or CUDA-aware MPI; the
+third path, staging through host memory, is the host reduction's (``ops.reduction``).
 
 A group's NCCL communicator is bootstrapped over the group's MPI communicator (its rank 0
 makes the unique id) and lives exactly as long as that MPI communicator: members rebuild
 both together, so they always agree on it. Work is enqueued on torch's current stream.
-Not exercised on these machines (no GPU); the GPU tests run it where a GPU exists.
+The GPU tests (``benchmarks/gpu_check.sh``) run it on a GPU; CI machines have none.
 """
 from __future__ import annotations
 
