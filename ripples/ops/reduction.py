@@ -37,18 +37,6 @@ def _signature(what: str, op: ReduceOp, dtype: torch.dtype, shapes: tuple) -> st
     return text
 
 
-def wire_dtype(op: ReduceOp, tensor: torch.Tensor, gpu_setting: str = "auto") -> torch.dtype:
-    """The dtype an all-reduce of ``tensor`` sends: host float16/bfloat16 sums (Sum,
-    Average) stay 16-bit (``half_allreduce``); other 16-bit reductions run in float32.
-    CUDA tensors staged through the host (``gpu_path``) count as host tensors."""
-    return _sent_dtype(op, tensor.dtype, _on_device(tensor, gpu_setting))
-
-
-def _on_device(tensor: torch.Tensor, gpu_setting: str) -> bool:
-    """Whether ``tensor`` is reduced in device memory (not staged through the host)."""
-    return tensor.is_cuda and gpu_path(gpu_setting) != "host"
-
-
 def _sent_dtype(op: ReduceOp, dtype: torch.dtype, on_device: bool) -> torch.dtype:
     if dtype in HALF_DTYPES and not on_device and op in _16BIT_OPS:
         return dtype
@@ -128,7 +116,7 @@ def reduce_pairs(runtime, comm, group: Group, active: int, pairs: Sequence[Pair]
         _reduce_integers(runtime, comm, len(group), pairs, mpi_operation, prescale, post)
         return
     red_dtype = dtype
-    if dtype in HALF_DTYPES:  # as wire_dtype says, for host tensors
+    if dtype in HALF_DTYPES:  # as _sent_dtype says, for host tensors
         if op in _16BIT_OPS:
             _reduce_16bit(runtime, comm, len(group), pairs, prescale, post)
             return
