@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ripples.runner.info import _origin, _wheel_files, format_info
 from ripples.runner.launch import find_mpiexec
 
@@ -75,3 +77,20 @@ def test_origin_tells_wheel_from_system():
 def test_format_info_aligns_values():
     assert format_info({"a": "1", "long label": "2"}).splitlines() == \
         ["a:          1", "long label: 2"]
+
+
+def test_info_says_how_cuda_tensors_are_reduced():
+    """Without cupy (this machine) the automatic choice is the host; a setting is shown as
+    given; a bad one is reported on its line, naming the choices."""
+    if subprocess.run([sys.executable, "-c", "import cupy"], capture_output=True).returncode == 0:
+        pytest.skip("cupy is installed: the automatic choice may be NCCL")
+    lines = report(run_info().stdout)
+    assert lines["CUDA tensors"] == "reduced by host (RIPPLES_GPU_PATH=auto)"
+    env = dict(os.environ, RIPPLES_GPU_PATH="mpi")
+    out = subprocess.run([sys.executable, "-m", "ripples.runner.info"], capture_output=True,
+                         text=True, timeout=120, env=env).stdout
+    assert report(out)["CUDA tensors"] == "reduced by mpi (RIPPLES_GPU_PATH=mpi)"
+    env["RIPPLES_GPU_PATH"] = "gpu"
+    out = subprocess.run([sys.executable, "-m", "ripples.runner.info"], capture_output=True,
+                         text=True, timeout=120, env=env).stdout
+    assert "'auto' or 'nccl' or 'mpi' or 'host'" in report(out)["CUDA tensors"]

@@ -97,6 +97,13 @@ def _nccl() -> str:
     return f"yes, version {nccl.get_version()}"
 
 
+def _cuda_tensors() -> str:
+    from ripples.core.config import Config
+    from ripples.ops.gpu import gpu_path
+    setting = Config.load().gpu_path
+    return f"reduced by {gpu_path(setting)} (RIPPLES_GPU_PATH={setting})"
+
+
 def _torch() -> str:
     import torch
     cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
@@ -120,6 +127,7 @@ def collect_info() -> Dict[str, str]:
     _probe(info, "native lane", _native_lane)
     _probe(info, "cupy", _cupy)
     _probe(info, "NCCL", _nccl)
+    _probe(info, "CUDA tensors", _cuda_tensors)
     nvcc = shutil.which("nvcc")
     info["nvcc"] = nvcc or "not found"
     return info
