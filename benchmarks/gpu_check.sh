@@ -4,13 +4,13 @@
 #
 #     bash benchmarks/gpu_check.sh [RESULTS_DIR]
 #
-# RESULTS_DIR (default benchmarks/results) receives gpu_check.log (everything printed),
+# RESULTS_DIR (default benchmarks/results/gpu) receives gpu_check.log (everything printed),
 # gpu_tests.xml (the GPU tests, JUnit), kernels_gpu.json and gpu_nccl.json. Each step has
 # its own time limit and a failed step does not stop the next one; the exit status is
 # non-zero when any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-RESULTS=${1:-benchmarks/results}
+RESULTS=${1:-benchmarks/results/gpu}
 mkdir -p "$RESULTS"
 PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, installed or not

@@ -12,10 +12,10 @@ one GPU), so this measures what ripples adds around the call, not the network:
   Python path; a group of one makes no NCCL call, it scales in place), then a sync.
 
 Creation: ``ncclCommInitRank`` (through cupy) for a one-rank communicator, median of
-``--inits``; ``ncclCommSplit`` where cupy exposes it. Times are medians of ``--iters`` calls,
-the three rows interleaved so that they see the same machine.
+``--inits``; whether cupy exposes ``ncclCommSplit`` (not measured). Times are medians of
+``--iters`` calls, the four rows interleaved so that they see the same machine.
 
-    python benchmarks/gpu_nccl.py [--iters 200] [--inits 5] [--json PATH]
+    ripplesrun -np 1 python benchmarks/gpu_nccl.py [--iters 200] [--inits 5] [--json PATH]
 """
 from __future__ import annotations
 
