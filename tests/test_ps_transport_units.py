@@ -61,3 +61,25 @@ def test_pool_reuses_buffers_of_the_same_size():
     pool.give(a)
     assert pool.take(100) is a
     assert pool.take(100) is not a
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_to_wire_with_copy_shares_nothing_and_without_shares_a_float_tensor(dtype):
+    """Worker 0 sends each server its chunks' values with ``copy=True``: a bfloat16 model
+    (no numpy dtype) used to fail there, calling numpy's ``copy`` on a tensor."""
+    base = torch.arange(8, dtype=torch.float32).to(dtype)
+    copied = tr.to_wire(base[2:5], copy=True)
+    base.zero_()
+    assert torch.equal(tr.from_wire(copied), torch.tensor([2.0, 3.0, 4.0]).to(dtype))
+    view = tr.to_wire(base[2:5])
+    base.fill_(7)
+    expected = 7.0 if dtype is torch.float32 else 0.0  # numpy views share; tensors are clones
+    assert torch.equal(tr.from_wire(view), torch.full((3,), expected).to(dtype))
+
+
+def test_optimizer_state_of_a_bfloat16_tensor_goes_on_the_wire():
+    state = {"momentum_buffer": torch.ones(6, dtype=torch.bfloat16), "step": torch.tensor(3.0)}
+    wire = tr.state_to_wire(state, torch.Size([6]), 1, 4)
+    back = tr.state_from_wire(wire)
+    assert torch.equal(back["momentum_buffer"], torch.ones(3, dtype=torch.bfloat16))
+    assert back["step"].item() == 3.0

@@ -135,13 +135,18 @@ def receive(comm, source: int, tag: int, pool: BufferPool, timeout_s: float,
     return header, buffer
 
 
-def to_wire(tensor: torch.Tensor):
-    """A picklable copy-free view of a CPU tensor (numpy when the dtype allows it)."""
+def to_wire(tensor: torch.Tensor, copy: bool = False):
+    """A picklable flat view of ``tensor``'s values in host memory: a numpy array where the
+    dtype allows it, else a tensor (bfloat16). A CPU tensor is not copied unless ``copy``
+    (the result then shares nothing with it); a CUDA tensor is always copied to the host."""
     tensor = tensor.detach().reshape(-1)
+    if not tensor.is_cpu:
+        tensor, copy = tensor.cpu(), False  # the move is the copy
     try:
-        return tensor.numpy()
-    except TypeError:  # dtypes numpy lacks (bfloat16) travel as tensors
-        return tensor.clone()
+        array = tensor.numpy()
+    except TypeError:  # dtypes numpy lacks (bfloat16) travel as tensors; a clone pickles
+        return tensor.clone()  # its own elements only, not all of its base's storage
+    return array.copy() if copy else array
 
 
 def from_wire(array) -> torch.Tensor:
@@ -161,10 +166,9 @@ def state_to_wire(state: dict, shape: torch.Size, start: int, stop: int) -> dict
     out = {}
     for key, value in state.items():
         if isinstance(value, torch.Tensor) and value.shape == shape:
-            wire = to_wire(value.reshape(-1)[start:stop])
-            out[key] = ("slice", wire.copy() if isinstance(wire, np.ndarray) else wire)
+            out[key] = ("slice", to_wire(value.reshape(-1)[start:stop], copy=True))
         elif isinstance(value, torch.Tensor):
-            out[key] = ("whole", value.detach().clone())
+            out[key] = ("whole", value.detach().cpu().clone())
         else:
             out[key] = ("whole", value)
     return out

@@ -128,7 +128,7 @@ class ServerLink:
         out = []
         for c in self.server_chunks[server]:
             p = self.params[c.param]
-            out.append((c, to_wire(p.data.view(-1)[c.start:c.stop]).copy(),
+            out.append((c, to_wire(p.data.view(-1)[c.start:c.stop], copy=True),
                         state_to_wire(optimizer.state.get(p, {}), p.shape, c.start, c.stop)))
         return out
 

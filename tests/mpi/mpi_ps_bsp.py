@@ -2,8 +2,8 @@
 Allreduce on the workers, optimizer applied locally), step by step.
 
 Scenario ``bsp`` (run by mpi_ps_scenarios.py): one session per placement (with one server
-every placement puts everything on it: roundrobin only); with one server, mismatched models
-and arguments are then rejected.
+every placement puts everything on it: roundrobin only); with one server, a bfloat16 model
+trains, and mismatched models and arguments are then rejected.
 """
 import torch
 from mpi4py import MPI
@@ -21,7 +21,31 @@ def bsp(context):
     for placement in PLACEMENTS if servers > 1 else PLACEMENTS[:1]:
         bsp_matches_synchronous_sgd(context, servers, placement)
     if servers == 1:
+        a_bfloat16_model_trains(context)
         mismatched_models_are_rejected(context, context.worker)
+
+
+def a_bfloat16_model_trains(context):
+    """A dtype numpy lacks: its values reach the servers at the start (worker 0 sends them,
+    which failed before) and after each step every worker holds the servers' parameters."""
+    model = small_model(seed=0).to(torch.bfloat16)
+    start = [p.detach().clone() for p in model.parameters()]
+    ps = PSOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                     context, policy="bsp", timeout_s=20)
+    gen = torch.Generator().manual_seed(200 + context.worker)
+    for _ in range(3):
+        model.zero_grad()
+        x = torch.randn(5, 8, generator=gen).to(torch.bfloat16)
+        torch.nn.functional.cross_entropy(model(x).float(), torch.randint(0, 3, (5,),
+                                                                          generator=gen)).backward()
+        ps.step()
+    ps.join()
+    flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+    everyone = context.worker_comm.allgather(flat)
+    check(all(p.dtype is torch.bfloat16 for p in model.parameters()), "the model stays bfloat16")
+    check(all(torch.equal(other, flat) for other in everyone), "workers hold different values")
+    check(any(not torch.equal(p, q) for p, q in zip(model.parameters(), start)),
+          "three BSP steps left the parameters where they started")
 
 
 def bsp_matches_synchronous_sgd(context, servers, placement):
