@@ -94,3 +94,48 @@ def test_kernels_run_on_torch_current_stream():
         kernels.scale_(out, 0.5)
     stream.synchronize()
     assert torch.equal(out.cpu(), torch.arange(1 << 20, dtype=torch.float32))
+
+
+def test_launches_wrap_each_devices_stream_once_even_where_handles_are_equal(monkeypatch):
+    """No GPU needed (stand-ins for cupy and torch's streams): the default stream of every
+    device has handle 0, so the cached cupy stream must be per device, and the cache stays
+    bounded when a script makes new streams as it goes."""
+    from ripples.kernels import cuda
+
+    made, launched = [], []
+
+    class Stream:
+        def __init__(self, handle, device):
+            self.handle, self.device = handle, device
+            made.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class Device(Stream):
+        def __init__(self, index):
+            self.index = index
+
+    fake_cupy = type("cupy", (), {"cuda": type("cuda", (), {"ExternalStream": Stream,
+                                                             "Device": Device})})
+    handles = {0: 0, 1: 0}
+    monkeypatch.setattr(cuda, "_import_cupy", lambda: fake_cupy)
+    monkeypatch.setattr(cuda, "_kernels", {})
+    monkeypatch.setattr(cuda, "_streams", {})
+    monkeypatch.setattr(cuda, "load_module", lambda index: type("Module", (), {
+        "get_function": lambda self, name: lambda grid, block, args: launched.append(
+            (index, name))})())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index: type(
+        "S", (), {"cuda_stream": handles[index]})())
+    for _ in range(3):
+        for index in (0, 1):
+            cuda._launch(index, "k", (1,), ())
+    assert [(s.handle, s.device) for s in made] == [(0, 0), (0, 1)]
+    assert launched == [(0, "k"), (1, "k")] * 3
+    for handle in range(1, 200):  # new streams on device 0, one after another
+        handles[0] = handle
+        cuda._launch(0, "k", (1,), ())
+    assert len(cuda._streams) <= cuda._MAX_STREAMS

@@ -81,7 +81,10 @@ def load_module(device_index: int):
 
 
 _kernels: dict = {}  # (device index, kernel name) -> cupy RawKernel
-_streams: dict = {}  # torch stream handle -> cupy ExternalStream over it
+# (device index, torch stream handle) -> cupy ExternalStream over it: the handle alone is
+# not enough (every device's default stream is handle 0)
+_streams: dict = {}
+_MAX_STREAMS = 64  # a script that makes streams as it goes must not grow this for good
 
 
 def _launch(device_index: int, name: str, grid: tuple, args: tuple) -> None:
@@ -91,10 +94,12 @@ def _launch(device_index: int, name: str, grid: tuple, args: tuple) -> None:
     kernel = _kernels.get((device_index, name))
     if kernel is None:
         kernel = _kernels[(device_index, name)] = load_module(device_index).get_function(name)
-    handle = torch.cuda.current_stream(device_index).cuda_stream
-    stream = _streams.get(handle)
+    key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
+    stream = _streams.get(key)
     if stream is None:
-        stream = _streams[handle] = cupy.cuda.ExternalStream(handle, device_index)
+        if len(_streams) >= _MAX_STREAMS:
+            _streams.clear()
+        stream = _streams[key] = cupy.cuda.ExternalStream(key[1], device_index)
     with cupy.cuda.Device(device_index), stream:
         kernel(grid, (geometry()["threads"],), args)
 
