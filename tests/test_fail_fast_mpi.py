@@ -74,3 +74,34 @@ def test_fault_tolerant_a_member_frozen_while_the_lane_arms_ends_the_job_within_
     assert "could not make the world of the survivors of rank(s) [1] within 16 s" in out, out
     # the timeout, the answer bound, the membership round, the bound and the teardown
     assert ended - frozen < 2 + 1 + 16 + 15, (ended - frozen, out)
+
+
+BLOCKED_ABORT = """
+import time
+from ripples.comm import fail_fast
+
+class World:
+    def Abort(self, status):  # a launcher that never answers
+        time.sleep(60)
+
+class StandInMPI:
+    COMM_WORLD = World()
+    Is_initialized = staticmethod(lambda: True)
+    Is_finalized = staticmethod(lambda: False)
+
+fail_fast.MPI = StandInMPI
+fail_fast.ABORT_BOUND_S = 1.0
+fail_fast.end_job("rank 0 ends the job")
+print("NOT REACHED", flush=True)
+"""
+
+
+def test_a_rank_whose_abort_never_returns_exits_on_its_own_showing_where_it_was():
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", BLOCKED_ABORT], capture_output=True,
+                          text=True, timeout=60, cwd=str(TESTS_DIR.parent))
+    took = time.monotonic() - began
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert took < 30, took  # the bound is 1 s; the interpreter's start is the rest
+    assert "ripples: rank 0 ends the job" in done.stderr
+    assert "in Abort" in done.stderr and "NOT REACHED" not in done.stdout, done.stderr

@@ -14,6 +14,7 @@ survivors recover without it.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import sys
 import threading
@@ -23,6 +24,10 @@ from typing import Callable, Iterator
 from mpi4py import MPI
 
 EXIT_STATUS = 1
+# How long MPI_Abort may take to end this process. It asks the launcher to stop every rank
+# and may wait for good for an answer (a launcher busy with a host cut off): the process
+# then prints where its threads are and exits on its own.
+ABORT_BOUND_S = 20.0
 _installed = {"hook": None}
 _lock = threading.Lock()
 
@@ -69,6 +74,8 @@ def end_job(message: str) -> None:
     does that finds a wait which cannot end otherwise."""
     say(message)
     if MPI.Is_initialized() and not MPI.Is_finalized():
+        # a C thread of its own: it fires whatever holds the GIL, in whichever thread
+        faulthandler.dump_traceback_later(ABORT_BOUND_S, exit=True)
         MPI.COMM_WORLD.Abort(EXIT_STATUS)
 
 
