@@ -63,8 +63,10 @@ class Job:
     def __init__(self, args, tmp_path, env=None):
         self.log = tmp_path / "job.log"
         self._command = [NETCLUSTER, "exec", "h1",
-                         str(Path(sys.executable).parent / "ripplesrun"), *args]
-        self._env = mpi_env(env)
+                         str(Path(sys.executable).parent / "ripplesrun"),
+                         "-x", "ACROSS_HOSTS_STACKS", *args]
+        self._env = mpi_env({"ACROSS_HOSTS_STACKS": str(tmp_path / "stacks"), **(env or {})})
+        self._stacks = tmp_path
         self._relaunched = False
         self._start()
 
@@ -103,14 +105,23 @@ class Job:
         try:
             self.proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            # where each rank waits, into the log (across_hosts.py dumps its stacks)
+            # where each rank waits (across_hosts.py dumps its stacks into files), and
+            # what every process of the job is blocked in
             subprocess.run(["pkill", "-USR1", "-f", SCRIPT], capture_output=True)
             time.sleep(2)
+            processes = subprocess.run(["ps", "-eo", "pid,ppid,stat,wchan:24,args"],
+                                       capture_output=True, text=True).stdout.splitlines()
+            processes = [line for line in processes
+                         if any(word in line for word in ("prte", "mpiexec", "ripplesrun",
+                                                          SCRIPT))]
+            stacks = "".join(f"--- {path.name}\n{path.read_text(errors='replace')}"
+                             for path in sorted(self._stacks.glob("stacks.*")))
             os.killpg(self.proc.pid, 9)
             # ranks on other hosts are not in that process group: the next test needs a
             # cluster without them
             subprocess.run(["pkill", "-9", "-f", SCRIPT], capture_output=True)
-            pytest.fail(f"the job did not end within {limit} s:\n{self.output()}")
+            pytest.fail(f"the job did not end within {limit} s:\n{self.output()}\n"
+                        "processes:\n" + "\n".join(processes) + f"\nrank stacks:\n{stacks}")
         return self.proc.returncode, self.output()
 
 

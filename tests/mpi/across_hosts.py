@@ -19,9 +19,13 @@ import torch
 import ripples.torch as hvd
 from ripples import runtime
 
-faulthandler.register(signal.SIGUSR1, all_threads=True)  # where each rank is, on demand
 hvd.init()
 host = socket.gethostname()
+# Where each rank is, on demand (SIGUSR1), into a file beside the job's log
+# (ACROSS_HOSTS_STACKS): the launcher's output forwarding may be what is stuck.
+_stacks = os.environ.get("ACROSS_HOSTS_STACKS")
+_stack_file = open(f"{_stacks}.{hvd.rank()}", "w") if _stacks else sys.stderr
+faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
 print(f"RANK {hvd.rank()} size={hvd.size()} host={host} "
       f"local={hvd.local_rank()}/{hvd.local_size()} cross={hvd.cross_rank()}/{hvd.cross_size()} "
       f"FOO={os.environ.get('FOO')} TIMEOUT={runtime.current().config.timeout_s:g}", flush=True)
