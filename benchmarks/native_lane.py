@@ -7,6 +7,7 @@ Rows, interleaved (one iteration of each in turn, every rank at once):
 
 - ``raw``: mpi4py ``Allreduce`` in place on a duplicate of the world (``allreduce``) or
   on a ``Split`` communicator of disjoint pairs of ranks (``partial_allreduce``);
+- ``raw avg``: the same, then ``torch.mul_`` by 1/n: the work of an Average done by hand;
 - ``lane on``: ``ripples.torch.allreduce_`` / ``partial_allreduce_`` (op Average) once
   their call shape is planned;
 - ``lane off``: the same calls with the lanes paused (``Lanes.pause``): the Python path,
@@ -16,8 +17,8 @@ Scenarios: ``after idle`` (a barrier, ``--idle-ms`` of sleep as after a step of 
 then one timed call of ``--bytes``; an iteration's time is the slowest rank's); ``back to
 back`` (``--burst`` calls of ``--small-bytes`` in a row, time per call); ``large`` (the same
 with ``--large-bytes``). Medians over ``--iterations``. Raw MPI's Average is a Sum: the
-rows of ripples include the scaling by 1/n (about 32 us for 1 MiB of float32 on this
-machine's cores, measured with ``torch.mul_``; under a microsecond for the small sizes). Compute is EMULATED (sleep).
+rows of ripples include the scaling by 1/n, as does ``raw avg`` (its ``on/avg`` column).
+Compute is EMULATED (sleep).
 
 Bars (BENCHMARKS.md): after idle <= 1.3x raw; back to back <= 5 us added; >= 1 MiB
 >= 0.97x raw throughput.
@@ -42,7 +43,7 @@ from ripples.runtime import current
 
 SCENARIOS = ("after idle", "back to back", "large")
 KINDS = ("allreduce", "partial_allreduce")
-MODES = ("raw", "lane on", "lane off")
+MODES = ("raw", "raw avg", "lane on", "lane off")
 
 
 def parse_args(argv=None):
@@ -76,8 +77,11 @@ def main(argv=None) -> int:
     buffers = {s: torch.ones(n // 4) for s, n in sizes.items()}
 
     def call(kind, mode, tensor):
-        if mode == "raw":
-            (dup if kind == "allreduce" else pair_comm).Allreduce(MPI.IN_PLACE, tensor.numpy())
+        if mode in ("raw", "raw avg"):
+            comm = dup if kind == "allreduce" else pair_comm
+            comm.Allreduce(MPI.IN_PLACE, tensor.numpy())
+            if mode == "raw avg":
+                tensor.mul_(1.0 / comm.Get_size())
             return
         lanes.pause(mode == "lane off")
         if kind == "allreduce":
@@ -111,17 +115,20 @@ def main(argv=None) -> int:
         rows = []
         print(f"{size} ranks; native lane: {native_lane.status()}; medians of "
               f"{args.iterations}, slowest rank; compute EMULATED (sleep)")
-        print(f"{'scenario':<13} {'collective':<18} {'bytes':>8} {'raw us':>9} "
-              f"{'on us':>9} {'off us':>9} {'on/raw':>7} {'off/raw':>7} {'on-raw':>8}")
+        print(f"{'scenario':<13} {'collective':<18} {'bytes':>8} {'raw us':>9} {'avg us':>9} "
+              f"{'on us':>9} {'off us':>9} {'on/raw':>7} {'on/avg':>7} {'off/raw':>7} "
+              f"{'on-raw':>8}")
         for scenario in SCENARIOS:
             for kind in KINDS:
-                raw, on, off = (medians[(scenario, kind, m)] for m in MODES)
+                raw, avg, on, off = (medians[(scenario, kind, m)] for m in MODES)
                 rows.append({"scenario": scenario, "collective": kind,
-                             "bytes": sizes[scenario], "raw_us": raw, "lane_on_us": on,
-                             "lane_off_us": off, "on_over_raw": on / raw,
-                             "off_over_raw": off / raw, "on_added_us": on - raw})
-                print(f"{scenario:<13} {kind:<18} {sizes[scenario]:>8} {raw:9.1f} {on:9.1f} "
-                      f"{off:9.1f} {on / raw:7.2f} {off / raw:7.2f} {on - raw:8.1f}")
+                             "bytes": sizes[scenario], "raw_us": raw, "raw_avg_us": avg,
+                             "lane_on_us": on, "lane_off_us": off, "on_over_raw": on / raw,
+                             "on_over_raw_avg": on / avg, "off_over_raw": off / raw,
+                             "on_added_us": on - raw})
+                print(f"{scenario:<13} {kind:<18} {sizes[scenario]:>8} {raw:9.1f} {avg:9.1f} "
+                      f"{on:9.1f} {off:9.1f} {on / raw:7.2f} {on / avg:7.2f} {off / raw:7.2f} "
+                      f"{on - raw:8.1f}")
         if args.json:
             result = {"command": " ".join(["mpiexec", "-n", str(size), "python"] + sys.argv),
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
