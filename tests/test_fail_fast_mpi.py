@@ -99,7 +99,7 @@ print("NOT REACHED", flush=True)
 def test_a_rank_whose_abort_never_returns_exits_on_its_own_showing_where_it_was():
     began = time.monotonic()
     done = subprocess.run([sys.executable, "-c", BLOCKED_ABORT], capture_output=True,
-                          text=True, timeout=60, cwd=str(TESTS_DIR.parent))
+                          text=True, timeout=60, cwd=str(TESTS_DIR.parent), env=mpi_env())
     took = time.monotonic() - began
     assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
     assert took < 30, took  # the bound is 1 s; the interpreter's start is the rest
