@@ -14,6 +14,7 @@ Two kinds of checks:
 import contextlib
 import io
 import math
+import os
 import warnings
 
 import pytest
@@ -121,6 +122,7 @@ def train_script(pattern, wrapped_mode=None, steps=6):
         opt = wrap(model, opt, wrapped_mode, named=pattern != "frozen", **kwargs)
     scheduler = SCHEDULERS[pattern](opt) if pattern in SCHEDULERS else None
     scaler = torch.amp.GradScaler("cpu") if pattern.startswith("scaler") else None
+    compiled = torch.compile(model) if pattern == "compiled" else None
     lrs = []
     for step in range(steps):
         x, y = batch(step)
@@ -147,6 +149,9 @@ def train_script(pattern, wrapped_mode=None, steps=6):
             scaler.scale(loss_of(model, x, y)).backward()
             scaler.step(opt)
             scaler.update()
+        elif pattern == "compiled":  # the forward through torch.compile, same parameters
+            loss_of(compiled, x, y).backward()
+            opt.step()
         else:
             loss_of(model, x, y).backward()
             opt.step()
@@ -185,6 +190,31 @@ def test_training_scripts_run_unchanged(mode):
         assert lrs == pytest.approx(expected_lrs), (mode, pattern)
         if pattern in CLOSED_FORMS:
             assert lrs == pytest.approx([CLOSED_FORMS[pattern](k + 1) for k in range(len(lrs))])
+
+
+@pytest.mark.skipif(not os.environ.get("RIPPLES_LONG_TESTS"),
+                    reason="RIPPLES_LONG_TESTS=1: torch.compile takes about 10 s per model")
+@pytest.mark.parametrize("mode", ["allreduce", "ripples-static", "adpsgd-sync"])
+def test_a_compiled_forward_trains_as_the_eager_one(mode):
+    # Gradients reach .grad outside the compiled graph, where the wrapper's hooks run.
+    params, _ = train_script("compiled", mode)
+    expected, _ = train_script("plain")
+    for p, e in zip(params, expected):
+        assert torch.allclose(p, e, atol=1e-6), mode
+    if mode == "allreduce":  # different data on every rank: the gradients are averaged
+        model = make_model()
+        opt = wrap(model, torch.optim.SGD(model.parameters(), lr=LR), mode)
+        loss_of(torch.compile(model), *batch(0, R)).backward()
+        opt.synchronize()
+        expected = {}  # every rank's eager gradient, computed here, averaged
+        for rank in range(N):
+            eager = make_model()
+            loss_of(eager, *batch(0, rank)).backward()
+            for n, q in eager.named_parameters():
+                expected[n] = expected.get(n, 0) + q.grad / N
+        for n, p in model.named_parameters():
+            assert torch.allclose(p.grad, expected[n], atol=1e-6), n
+        finish(opt)
 
 
 def test_one_cycle_cycles_momentum_through_the_wrapper():
