@@ -7,6 +7,8 @@ import time
 
 from mpi4py import MPI
 
+from ..comm import fail_fast
+from ..core.errors import RipplesError
 from . import slowness
 from .transport import Channel
 
@@ -39,16 +41,32 @@ class PSContext:
         return self._sessions
 
     def shutdown(self) -> None:
-        """Tell every server this worker is done (servers exit when all workers are).
+        """Tell every server this worker is done (servers exit when all workers are) and
+        wait for each one's answer, ``timeout_s`` at most (a heartbeat extends it).
 
-        Idempotent; also run at interpreter exit so servers never wait for a finished script.
+        Raises RipplesError naming a server that does not answer: one frozen or stuck
+        would otherwise keep the job from ending after every worker has left. Idempotent;
+        also run at interpreter exit (``shutdown_at_exit``) so that servers never wait for
+        a finished script.
         """
         if self._closed:
             return
         self._closed = True
-        for server in range(self.num_servers):
-            self.channel.send(server, {"kind": "bye", "w": self.worker})
+        asked = [(server, self.channel.send(server, {"kind": "bye", "w": self.worker}))
+                 for server in range(self.num_servers)]
         self.channel.outbox.flush(time.monotonic() + self.timeout_s, "PS shutdown")
+        for server, rid in asked:
+            self.channel.wait(server, rid, self.timeout_s,
+                              f"worker {self.worker} saying goodbye (PS shutdown)")
+
+    def shutdown_at_exit(self) -> None:
+        """``shutdown`` at interpreter exit, where an exception would only be printed and the
+        job would wait for good on the server that did not answer: end the job instead."""
+        try:
+            self.shutdown()
+        except RipplesError as error:
+            fail_fast.end_job(f"{error}; the job is ended (MPI_Abort) so that it does not "
+                              "wait for that server")
 
 
 def make_context(world_comm, num_servers: int, timeout_s: float, spare: int = 0) -> PSContext:
@@ -94,5 +112,5 @@ def start(world_comm, config, spare=None) -> PSContext:
         if not MPI.Is_finalized():
             MPI.Finalize()
         sys.exit(0)
-    atexit.register(context.shutdown)
+    atexit.register(context.shutdown_at_exit)
     return context

@@ -165,7 +165,7 @@ class Server:
         if kind == "bye":
             # A worker that leaves counts as joined everywhere; after its delayed messages.
             delay = max((s.delay_s for s in self.sessions.values()), default=0.0)
-            self.later(delay, lambda: self.leave(worker))
+            self.later(delay, lambda: self.leave(worker, message.get("rid")))
             return
         if kind == "init":
             sid = message["sid"]
@@ -202,10 +202,14 @@ class Server:
             for session in self.sessions.values():
                 session.dead.add(worker)
 
-    def leave(self, worker: int) -> None:
+    def leave(self, worker: int, rid=None) -> None:
+        """``worker`` said goodbye (request ``rid``): answered, so that the worker knows
+        this server has not stopped (it ends the job otherwise, see ``PSContext.shutdown``)."""
         self.byes.add(worker)
         for session in self.sessions.values():
             session.joined.add(worker)
+        if rid is not None:
+            self.reply(worker, {"rid": rid, "kind": "bye"})
 
 
 KINDS = {"bye", "init", "push", "pull", "task", "join", "stats", "state", "load", "remap"}

@@ -8,7 +8,9 @@ FAILURE, done by world rank VICTIM when it reaches AT_STEP of its 3 epochs of 8 
 ``raise`` (an uncaught exception), ``kill`` (SIGKILL), ``freeze`` (SIGSTOP), ``block`` (a
 barrier of the script's own that no other rank reaches: alive, not moving), ``none``.
 The parameter server (VICTIM 0 in ``ps`` mode) fails ``kill`` or ``freeze`` 0.2 * AT_STEP s
-into serving, from a thread (its main thread serves).
+into serving, from a thread (its main thread serves), if it still serves then (else it
+prints ``NOT FAILING``: once every worker has left, nobody is left to notice a server frozen
+in its exit, and only the launcher could end such a job).
 Each rank prints ``DONE rank R`` when it finishes.
 """
 import faulthandler
@@ -54,7 +56,10 @@ if mode == "ps" and world_rank == victim == 0 and failure != "none":
         while not serving():
             time.sleep(0.01)
         time.sleep(0.2 * at_step)
-        fail_now()
+        if serving():
+            fail_now()
+        else:  # the workers had finished: a server frozen in its exit is out of reach
+            print(f"NOT FAILING rank {world_rank}: it had stopped serving", flush=True)
 
     threading.Thread(target=fail_while_serving, daemon=True).start()
 

@@ -2,7 +2,7 @@
 
 Scenarios (run by mpi_ps_scenarios.py, 3 ranks):
   ``silent server``   before PS mode: rank 0 makes a PS context but never serves; the
-                      workers time out on it
+                      workers time out on it, and on their goodbye
   ``silent worker``   1 server; worker 1 goes silent: BSP fails naming it, ASP carries on
                       without it (last in its job: its sessions are left broken)
 """
@@ -43,7 +43,12 @@ def silent_server():
         waited = time.monotonic() - began
         check("parameter server 0" in str(exc), f"error must name the server: {exc}")
         check(waited < 2 * TIMEOUT + 2, f"error after {waited:.1f} s")
-    context.shutdown()
+    try:  # nor does it answer the goodbye: the worker must not leave as if all went well
+        context.shutdown()
+        check(False, "saying goodbye to a silent server must fail")
+    except RipplesTimeoutError as exc:
+        check("parameter server 0" in str(exc) and "goodbye" in str(exc),
+              f"error must name the server and the goodbye: {exc}")
     MPI.COMM_WORLD.Barrier()
     if worker == 0:
         print("silent server OK", flush=True)
