@@ -276,6 +276,7 @@ def test_rebalancing_once_measured_then_every_k_clocks():
 def test_policy_arguments_are_named_when_wrong():
     assert po.make_spec("casp", 4).communities == "auto"
     assert po.make_spec("casp", 4, communities="learned").communities == "learned"
+    assert po.make_spec("casp", 4, communities="projected").communities == "projected"
     assert po.make_spec("epsp", 4).staleness == 0
     assert po.make_spec("epsp", 4).tasks_per_clock == 16
     cases = [

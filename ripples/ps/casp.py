@@ -19,11 +19,12 @@ cut and the score, see ``casp_scoring``):
   keeps members of a new community from waiting in different plans). A plan identical to
   the current one is not re-issued.
 - *Learned* (``count == "learned"``): the count comes from the actor-critic of
-  ``learned_controller.py`` and the communities from sort-and-cut; like ``"auto"``, the
-  first plan is one community.
-- *Progress* (``count == "progress"``): the count comes from measured loss decrease per
-  second (``casp_progress``: explore ASP, the projection's count and BSP, then commit);
-  the first plan is one community per worker, and the communities from sort-and-cut.
+  ``learned_controller.py`` and the communities from sort-and-cut; like ``"projected"``,
+  the first plan is one community.
+- *Measured* (``count == "progress"``, the option ``communities="auto"``): the count comes
+  from measured batches and loss decrease per second (``casp_progress``: explore ASP, the
+  projection's count and BSP, then commit); the first plan is one community per worker,
+  and the communities from sort-and-cut.
 """
 from __future__ import annotations
 
@@ -31,22 +32,25 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import casp_progress
-from .casp_scoring import (DEFAULT_TRAFFIC_PENALTY, EMA_ALPHA, LEARNED, PROGRESS, Communities,
-                           choose, contiguous, ema, from_labels, labels, normalize,
-                           projected_score, sort_and_cut)
+from .casp_scoring import (AUTO, DEFAULT_TRAFFIC_PENALTY, EMA_ALPHA, LEARNED, PROGRESS,
+                           PROJECTED, Communities, choose, contiguous, controller_count, ema,
+                           from_labels, labels, normalize, projected_score, sort_and_cut,
+                           weighs_by_size)
 
-__all__ = ["Communities", "Controller", "DEFAULT_TRAFFIC_PENALTY", "EMA_ALPHA", "LEARNED",
-           "PROGRESS", "choose", "contiguous", "ema", "from_labels", "labels", "normalize",
-           "observe", "projected_score", "regroup", "sort_and_cut"]
+__all__ = ["AUTO", "Communities", "Controller", "DEFAULT_TRAFFIC_PENALTY", "EMA_ALPHA",
+           "LEARNED", "PROGRESS", "PROJECTED", "choose", "contiguous", "controller_count",
+           "ema", "from_labels", "labels", "normalize", "observe", "projected_score",
+           "regroup", "sort_and_cut", "weighs_by_size"]
 
 
 @dataclasses.dataclass
 class Controller:
     """Where the community controller stands (kept by server 0).
 
-    ``count``: a fixed number of communities, None to choose it (``"auto"``),
-    ``"learned"`` to let the learned policy choose it (kept in ``learned``) or
-    ``"progress"`` to choose it from measured loss decrease (kept in ``progress``);
+    ``count`` (``controller_count`` of the option): a fixed number of communities, None to
+    choose it by the projection (``"projected"``), ``"learned"`` to let the learned policy
+    choose it (kept in ``learned``) or ``"progress"`` to choose it from measured progress
+    (``"auto"``, kept in ``progress``);
     ``plan``/``version``: the communities workers must use, numbered from 0;
     ``rounds``: pushes per community under the current plan; ``times``: the EMA of each
     worker's compute time per step, as its community's leader reported it.
@@ -74,14 +78,15 @@ class Controller:
 
 def observe(state: Controller, version: int, members: Sequence[int],
             times: Dict[int, float], losses: Sequence[float] = (), now: float = 0.0) -> None:
-    """Record one community push made under plan ``version`` with its members' times and
-    the training losses they reported (``now``: the server's clock, in seconds)."""
+    """Record one community push made under plan ``version`` with the compute times of its
+    training members (one batch each) and the training losses they reported (``now``: the
+    server's clock, in seconds)."""
     state.times.update(times)
     if version == state.version:
         key = tuple(members)
         state.rounds[key] = state.rounds.get(key, 0) + 1
         if state.progress is not None:
-            casp_progress.record(state.progress, now, losses)
+            casp_progress.record(state.progress, now, members, len(times), losses)
 
 
 def regroup(state: Controller) -> bool:

@@ -32,7 +32,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 EMA_ALPHA = 0.3
 DEFAULT_TRAFFIC_PENALTY = 0.1
 LEARNED = "learned"
-PROGRESS = "progress"
+PROGRESS = "progress"  # the measuring controller, ``communities="auto"`` (casp_progress)
+AUTO = "auto"
+PROJECTED = "projected"  # the count that maximizes projected_score (choose)
 
 Communities = Tuple[Tuple[int, ...], ...]
 
@@ -45,6 +47,20 @@ def ema(previous: Optional[float], sample: float, alpha: float = EMA_ALPHA) -> f
 def normalize(communities: Sequence[Sequence[int]]) -> Communities:
     """Members sorted inside each community, communities ordered by their first member."""
     return tuple(sorted(tuple(sorted(c)) for c in communities if c))
+
+
+def controller_count(communities):
+    """The community controller's ``count`` for a ``communities`` option: ``"auto"`` (and
+    its older name ``"progress"``) is the measuring controller, ``"projected"`` is None
+    (``choose()`` picks the count), ``"learned"`` and fixed counts stay as they are."""
+    return {AUTO: PROGRESS, PROJECTED: None}.get(communities, communities)
+
+
+def weighs_by_size(communities) -> bool:
+    """Whether a community's push is its members' gradient sum over the number of workers
+    (it weighs as its size: one learning rate for every count, BSP's), rather than their
+    mean: so under the measuring controller, whose count changes as it explores."""
+    return controller_count(communities) == PROGRESS
 
 
 def contiguous(num_workers: int, count: int) -> Communities:

@@ -7,7 +7,7 @@ A round, on every member of the worker's community (``casp.py`` holds the plan l
    leaving flag per member, each member's last reported training loss (NaN: none) and a
    skip flag (a GradScaler found inf/NaN on some member: the round is not applied). The
    gradient is divided by the number of members still training (``communities=
-   "progress"``: by the number of workers, so that a community's push weighs as its size).
+   "auto"``: by the number of workers, so that a community's push weighs as its size).
 2. The leader (lowest-numbered member) pushes the averaged gradient once, with the members,
    the times of those still training and the members that are leaving, and pulls the
    parameters once. Server 0's answer carries the current plan of communities.
@@ -66,12 +66,12 @@ class CommunityStep:
         self.ps = ps
         spec = ps.spec
         self.num_workers = spec.num_workers
-        count = None if spec.communities == "auto" else spec.communities
+        count = casp.controller_count(spec.communities)
         self.plan_version = 0
         self.plan = casp.contiguous(self.num_workers, count or 1)
         self.time_ema = None
         self.loss = math.nan  # the training loss the loop reported for this step, if any
-        self.by_size = spec.communities == casp.PROGRESS
+        self.by_size = casp.weighs_by_size(spec.communities)
         self.last_end = time.monotonic()
         self.rounds = 0
         self.failed = False  # a round raised: the members' collectives are out of step

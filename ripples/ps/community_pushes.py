@@ -22,7 +22,7 @@ class CommunityPushes(ArrivalPushes):
         self.leaving: set = set()  # workers serving their community's last rounds
         self.controller = None
         if session.server.index == 0:
-            count = None if self.spec.communities == "auto" else self.spec.communities
+            count = casp.controller_count(self.spec.communities)
             self.controller = casp.Controller(session.num_workers, count,
                                               self.spec.regroup_every)
 
@@ -59,3 +59,5 @@ class CommunityPushes(ArrivalPushes):
             stats["plan_history"] = [(v, [list(c) for c in p])
                                      for v, p in self.controller.history]
             stats["speed_ema_s"] = dict(self.controller.times)
+            if self.controller.progress is not None:  # communities="auto": what it measured
+                stats["casp_windows"] = [w._asdict() for w in self.controller.progress.results]

@@ -78,11 +78,14 @@ class PSOptimizer(OptimizerWrapper):
         controller: called as ``controller(self)`` at the end of every ``step()``, at an
             iteration boundary (the place for schemes that re-form communities, rebalance
             work or move chunks from measured ``metrics()``).
-        communities, regroup_every: ``policy="casp"``: ``"auto"`` (sort-and-cut chooses the
-            number of communities), ``"learned"`` (the actor-critic of
-            ``ripples.ps.learned_controller`` chooses it), ``"progress"`` (chosen from the
-            losses passed to ``report_loss``, starting as ASP; see
-            ``ripples.ps.casp_progress``) or a fixed count; rounds between regroupings. Needs
+        communities, regroup_every: ``policy="casp"``: ``"auto"`` (the number of communities
+            chosen from measured batches per second and from the losses passed to
+            ``report_loss``, starting as ASP; a community's push weighs as its size, so
+            ``lr`` is BSP's; see ``ripples.ps.casp_progress``), ``"projected"`` (the count
+            that maximizes the analytic projection of ``ripples.ps.casp_scoring``),
+            ``"learned"`` (the actor-critic of ``ripples.ps.learned_controller`` chooses it)
+            or a fixed count (those three push their members' mean); rounds between
+            regroupings. Needs
             ripples initialized in PS mode (``ripples.torch.init`` with ``ps_servers``);
             every worker must make the same number of steps. See ``ripples.ps.casp``.
         tasks_per_clock, rebalance_every: ``policy="epsp"``/``"flexrr"``: micro-batch
@@ -195,8 +198,9 @@ class PSOptimizer(OptimizerWrapper):
     def report_loss(self, loss) -> None:
         """Tell the servers this step's training loss (a float or a one-element tensor),
         before ``step()``; ``step(closure)`` does it with the closure's loss. Under
-        ``policy="casp", communities="progress"`` the controller judges community counts
-        by how fast these losses fall; other policies ignore it."""
+        ``policy="casp", communities="auto"`` the controller judges community counts by
+        how fast these losses fall (without them, by batches per second alone); other
+        policies ignore it."""
         if self.community is not None:
             self.community.loss = float(loss)
 

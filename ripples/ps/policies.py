@@ -22,11 +22,13 @@ per worker; a *round* (BSP, Sync-opt) is the set of pushes made at the same cloc
   staleness it expects (see ``expected_tau`` and ``eager_factor``).
 - ``casp``: communities of workers average their gradients by P-Reduce and their leader
   pushes one update, applied on arrival with scale 1 (``casp.py``, ``community.py``);
-  ``communities`` is ``"auto"``, ``"learned"``, ``"progress"`` or a fixed count,
-  ``regroup_every`` the rounds between regroupings, ``staleness`` an optional bound on how
-  many rounds a worker may lead the slowest active one (SSP's gate on rounds). Under
-  ``"progress"`` the members' gradients are summed and divided by the number of workers,
-  so that one community is BSP and one per worker is ASP at ``lr / n``.
+  ``communities`` is ``"auto"`` (the count measured, ``casp_progress``; ``"progress"`` is
+  its older name), ``"projected"`` (the analytic projection's count), ``"learned"`` or a
+  fixed count, ``regroup_every`` the rounds between regroupings, ``staleness`` an optional
+  bound on how many rounds a worker may lead the slowest active one (SSP's gate on
+  rounds). Under ``"auto"`` the members' gradients are summed and divided by the number of
+  workers, so that one community is BSP and one per worker is ASP at ``lr / n``; otherwise
+  a community pushes its members' mean.
 - ``epsp`` and ``flexrr``: a clock's global batch is ``tasks_per_clock`` micro-batch tasks;
   a clock's round is applied, as the average over its tasks, once every task has been
   computed exactly once (``tasks.py``); ``staleness = s`` lets a worker start clock
@@ -87,8 +89,8 @@ def make_spec(policy, num_workers: int, staleness=None, backup_workers: int = 1,
     """Validate the policy arguments; raise ValueError naming the argument and valid values.
 
     ``staleness``: required for ``"ssp"``; optional for ``"casp"`` (None: unbounded) and
-    for ``"epsp"``/``"flexrr"`` (default 0). ``communities`` (``"auto"`` or an integer in
-    ``[1, num_workers]``, default ``"auto"``) and ``regroup_every`` (rounds, default 20)
+    for ``"epsp"``/``"flexrr"`` (default 0). ``communities`` (``"auto"``, ``"projected"``,
+    ``"learned"`` or an integer in ``[1, num_workers]``, default ``"auto"``) and ``regroup_every`` (rounds, default 20)
     belong to ``"casp"``; ``tasks_per_clock`` (default ``4 * num_workers``) to ``"epsp"``
     and ``"flexrr"``; ``rebalance_every`` (clocks, default 5; the first rebalance comes
     as soon as every worker is measured) to ``"epsp"``.
@@ -115,9 +117,9 @@ def make_spec(policy, num_workers: int, staleness=None, backup_workers: int = 1,
                              f"{name}={value!r} with policy={policy!r}")
     if policy == "casp":
         communities = "auto" if communities is None else communities
-        if communities not in ("auto", "learned", "progress") and not (
+        if communities not in ("auto", "projected", "learned", "progress") and not (
                 _count(communities) and 1 <= communities <= num_workers):
-            raise ValueError(f"communities must be 'auto', 'learned', 'progress' or an "
+            raise ValueError(f"communities must be 'auto', 'projected', 'learned' or an "
                              f"integer in [1, {num_workers}] for {num_workers} workers, got "
                              f"communities={communities!r}")
         regroup_every = 20 if regroup_every is None else regroup_every

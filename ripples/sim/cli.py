@@ -122,8 +122,9 @@ all-reduce reaches after --target-steps synchronous steps. Example:
     g.add_argument("--backup-workers", type=int, default=1,
                    help="ps-syncopt: pushes a round may close without")
     g.add_argument("--communities", default="auto",
-                   help="ps-casp: 'auto' (sort-and-cut chooses the count), 'progress' "
-                        "(measured loss decrease chooses it) or a fixed count")
+                   help="ps-casp: 'auto' (measured progress chooses the count), "
+                        "'projected' (the analytic projection chooses it), 'learned' or a "
+                        "fixed count")
     g.add_argument("--regroup-every", type=int, default=20,
                    help="ps-casp: rounds between re-forming communities from measured speeds")
     g.add_argument("--tasks-per-clock", type=int,
@@ -194,7 +195,7 @@ def scenario_from_args(args) -> tuple:
                     ps_servers=args.ps_servers, staleness=args.staleness,
                     backup_workers=args.backup_workers,
                     communities=(args.communities
-                                 if args.communities in ("auto", "learned", "progress")
+                                 if args.communities in ("auto", "projected", "learned", "progress")
                                  else _integer("--communities", args.communities)),
                     regroup_every=args.regroup_every, tasks_per_clock=args.tasks_per_clock,
                     rebalance_every=args.rebalance_every, push_lr_scale=args.push_lr_scale)

@@ -19,7 +19,7 @@ The model:
   a BSP or Sync-opt round applies the mean of its gradients, other policies apply each
   push on arrival with the policy's factor (``ps-asp``/``ps-ssp`` also with
   ``push_lr_scale``);
-* CASP: with ``communities="progress"`` a push is scaled by its community's size over the
+* CASP: with ``communities="auto"`` a push is scaled by its community's size over the
   number of workers, and carries its leader's loss on a slice of the test set;
 * CASP: a community's members average their gradients with a P-Reduce (the network's
   all-reduce among them), the lowest member pushes it, and the community pulls once: the
@@ -58,8 +58,8 @@ class ParameterServerRun(EventLoop):
             self.scale = s.push_lr_scale if s.push_lr_scale is not None else 1.0 / n
         elif self.policy == "casp" and s.push_lr_scale is not None:
             self.scale = s.push_lr_scale
-        # communities="progress" weighs each push by its community's size (casp_progress)
-        self.by_size = self.policy == "casp" and self.spec.communities == casp.PROGRESS
+        # communities="auto" weighs each push by its community's size (casp_progress)
+        self.by_size = self.policy == "casp" and casp.weighs_by_size(self.spec.communities)
         self.rounds = Rounds(self.spec.quorum) if self.policy in ROUND_POLICIES else None
         self.everyone = set(range(n))
         self.round_gradients: Dict[int, Dict[int, np.ndarray]] = collections.defaultdict(dict)
@@ -74,7 +74,7 @@ class ParameterServerRun(EventLoop):
         self.dropped = 0
         self.controller: Optional[casp.Controller] = None
         if self.policy == "casp":
-            count = None if self.spec.communities == "auto" else self.spec.communities
+            count = casp.controller_count(self.spec.communities)
             self.controller = casp.Controller(n, count, self.spec.regroup_every)
             self.community = {w: (0, c) for c in self.controller.plan for w in c}
             self.times: Dict[int, float] = {}

@@ -80,7 +80,7 @@ def regrouping_keeps_every_update(context):
     torch.manual_seed(0)
     param = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
     ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context,
-                     timeout_s=20, policy="casp", communities="auto", regroup_every=2)
+                     timeout_s=20, policy="casp", communities="projected", regroup_every=2)
     share = torch.zeros(5, dtype=torch.float64)  # this worker's part of what was applied
     # The same number of rounds on every worker, as CASP requires: a loop that ends on
     # each worker's own clock let one member of a community stop a round before the other,
@@ -110,13 +110,13 @@ def regrouping_keeps_every_update(context):
 
 
 def progress_explores_and_keeps_every_update(context):
-    """communities="progress" with losses reported: it starts as ASP, tries other counts,
+    """communities="auto" with losses reported: it starts as ASP, tries other counts,
     commits to one, and the servers apply exactly what the communities pushed, each push
     weighed by its community's size (a worker's share of an update is its gradient / n)."""
     worker, workers = context.worker, context.num_workers
     param = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
     ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context,
-                     timeout_s=20, policy="casp", communities="progress", regroup_every=2)
+                     timeout_s=20, policy="casp", communities="auto", regroup_every=2)
     check(len(ps.community.plan) == workers, f"starts as ASP: {ps.community.plan}")
     share = torch.zeros(5, dtype=torch.float64)
     for rounds in range(60):
@@ -134,8 +134,11 @@ def progress_explores_and_keeps_every_update(context):
     counts = [len(plan) for _, plan in history]
     # ASP, then two communities (BSP is pruned: the slow pair halves its throughput), ASP
     check(counts[:3] == [workers, 2, workers], f"explored ASP, 2, ASP: {history}")
+    windows = m["server_load"][0]["casp_windows"]
+    check([w["count"] for w in windows][:2] == [workers, 2]
+          and all(w["batch_rate"] > 0 for w in windows), f"windows measured: {windows}")
     if worker == 0:
-        print(f"casp progress plans {counts}", flush=True)
+        print(f"casp auto plans {counts}", flush=True)
 
 
 def equivalence(context):
@@ -154,7 +157,7 @@ def uneven(context):
     worker = context.worker
     param = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
     ps = PSOptimizer(torch.optim.SGD([param], lr=1.0), [("v", param)], context,
-                     timeout_s=20, policy="casp", communities="auto", regroup_every=2)
+                     timeout_s=20, policy="casp", communities="projected", regroup_every=2)
     steps, began = 0, time.monotonic()
     while time.monotonic() - began < 0.6 + 0.4 * worker:
         time.sleep(0.01 if worker < 2 else 0.03)

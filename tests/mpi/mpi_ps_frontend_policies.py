@@ -42,7 +42,7 @@ def frontend_policies(context):
     model = torch.nn.Linear(64, 10)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
                                    named_parameters=model.named_parameters(), sync="ps",
-                                   policy="casp", communities="auto", regroup_every=3)
+                                   policy="casp", communities="projected", regroup_every=3)
     gen = torch.Generator().manual_seed(worker)
     for step in range(60):
         time.sleep(0.03 if worker == 2 else 0.005)
