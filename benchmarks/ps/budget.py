@@ -6,8 +6,9 @@ Each row trains ``ripples.demo``'s MLP (64-64-64-10, or ``--hidden`` wide) on di
 ``--compute-ms`` times the worker's slowdown before its real forward and backward, so that
 9 processes on 2 cores measure synchronization, not CPU contention. SGD with momentum at
 ``--lr``; policies that apply every push alone (ASP, SSP) take ``lr / 8``, a fixed CASP
-count ``C`` takes ``lr / C`` (a community push is the mean of ``8 / C`` workers), and
-``CASP(progress)`` scales each push by its community's size itself.
+count ``C`` takes ``lr / C`` (a community push is the mean of ``8 / C`` workers),
+``CASP(auto)`` scales each push by its community's size itself, and ``CASP(projected)``
+(the analytic projection's count, its pushes the members' mean) takes ``lr``.
 
 ``--budget``: the held-out setting (workers 4-7 at ``--slow-factor``), BSP, ASP and the
 CASP rows; steps per second, final accuracy of the servers' model.
@@ -31,9 +32,9 @@ from .options import RANKS
 from .record import save
 
 WORKERS = 8
-BUDGET_ROWS = ("BSP", "ASP", "CASP(auto)", "CASP(C=2)", "CASP(progress)")
-SWEEP_ROWS = ("BSP", "SSP(s=2)", "ASP", "CASP(auto)", "CASP(C=2)", "CASP(C=4)",
-              "CASP(progress)", "EPSP(s=2)")
+BUDGET_ROWS = ("BSP", "ASP", "CASP(auto)", "CASP(projected)", "CASP(C=2)")
+SWEEP_ROWS = ("BSP", "SSP(s=2)", "ASP", "CASP(auto)", "CASP(projected)", "CASP(C=2)",
+              "CASP(C=4)", "EPSP(s=2)")
 
 
 def row_setup(row: str, lr: float):
@@ -104,6 +105,7 @@ def train_row(context, args, row, slow, data):
         server = m["server_load"][0]
         record["communities"] = server.get("communities")
         record["plan_history"] = server.get("plan_history")
+        record["casp_windows"] = server.get("casp_windows")
     return record
 
 
@@ -136,6 +138,7 @@ def summarize(records, row, scenario, target):
             "push_bytes_per_sample": sum(r["bytes_pushed"] for r in records) / samples,
             "steps_per_worker": [r["steps"] for r in sorted(records, key=lambda r: r["worker"])],
             "communities": zero.get("communities"), "plan_history": zero.get("plan_history"),
+            "casp_windows": zero.get("casp_windows"),
             "curve": zero["curve"]}
 
 

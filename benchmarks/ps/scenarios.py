@@ -34,7 +34,7 @@ ROWS = [  # (row, policy, options); lr_scale: per-push policies apply 8 updates 
     ("BSP", "bsp", {}), ("SSP(s=2)", "ssp", {"staleness": 2}), ("ASP", "asp", {}),
     ("DynSGD", "dynsgd", {}), ("ConSGD", "consgd", {}), ("Sync-opt(b=1)", "syncopt", {}),
     ("FlexRR-lite(s=2)", "flexrr", {"staleness": 2}), ("eager", "eager", {}),
-    ("CASP(sort-and-cut)", "casp", {"communities": "auto", "regroup_every": 10}),
+    ("CASP(sort-and-cut)", "casp", {"communities": "projected", "regroup_every": 10}),
     ("CASP(learned)", "casp", {"communities": "learned", "regroup_every": 10}),
     ("EPSP(s=0)", "epsp", {"staleness": 0}), ("EPSP(s=2)", "epsp", {"staleness": 2}),
 ]

@@ -3,8 +3,8 @@ policy and controller logic on simulated time), over speed ratio x share of slow
 worker count x model size; time to a target loss and bytes pushed per sample.
 
 Learning rates follow the real benchmark's convention (``budget.py``): BSP and EPSP ``lr``,
-ASP and SSP ``lr / n``, a fixed CASP count ``C`` ``lr / C``, ``CASP(progress)`` scales each
-push by its community's size. One server link of ``--sim-gbps``; every worker computes
+ASP and SSP ``lr / n``, a fixed CASP count ``C`` ``lr / C``, ``CASP(auto)`` scales each
+push by its community's size, ``CASP(projected)`` pushes its members' mean at ``lr``. One server link of ``--sim-gbps``; every worker computes
 ``--sim-step-ms`` per step times its slowdown. Time to target: the servers' model reaches
 ``--sim-target`` test loss, checked before each step of worker 0 (a fast worker). Runs in
 this process (no MPI)."""
@@ -17,7 +17,7 @@ from ripples.sim import Compute, Link, Network, Problem, Scenario, Speed, simula
 
 from .record import save
 
-ROWS = ("BSP", "SSP(s=2)", "ASP", "CASP(auto)", "CASP(C=2)", "CASP(C=4)", "CASP(progress)",
+ROWS = ("BSP", "SSP(s=2)", "ASP", "CASP(auto)", "CASP(projected)", "CASP(C=2)", "CASP(C=4)",
         "EPSP(s=2)")
 
 
