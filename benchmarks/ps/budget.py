@@ -8,7 +8,9 @@ Each row trains ``ripples.demo``'s MLP (64-64-64-10, or ``--hidden`` wide) on di
 ``--lr``; policies that apply every push alone (ASP, SSP) take ``lr / 8``, a fixed CASP
 count ``C`` takes ``lr / C`` (a community push is the mean of ``8 / C`` workers),
 ``CASP(auto)`` scales each push by its community's size itself, and ``CASP(projected)``
-(the analytic projection's count, its pushes the members' mean) takes ``lr``.
+(the analytic projection's count, its pushes the members' mean) takes ``lr``. The CASP
+rows regroup every ``--casp-regroup`` rounds (5; the option's own default is 20); the loop
+reports each step's loss (``report_loss``) unless ``--no-loss-reports``.
 
 ``--budget``: the held-out setting (workers 4-7 at ``--slow-factor``), BSP, ASP and the
 CASP rows; steps per second, final accuracy of the servers' model.
@@ -37,7 +39,7 @@ SWEEP_ROWS = ("BSP", "SSP(s=2)", "ASP", "CASP(auto)", "CASP(projected)", "CASP(C
               "CASP(C=4)", "EPSP(s=2)")
 
 
-def row_setup(row: str, lr: float):
+def row_setup(row: str, lr: float, regroup_every: int = 5):
     """(policy, options, learning rate) of a row name."""
     if row == "BSP":
         return "bsp", {}, lr
@@ -49,15 +51,15 @@ def row_setup(row: str, lr: float):
         return "epsp", {"staleness": 2, "tasks_per_clock": 4 * WORKERS}, lr
     if row.startswith("CASP(C="):
         count = int(row[len("CASP(C="):-1])
-        return "casp", {"communities": count, "regroup_every": 5}, lr / count
+        return "casp", {"communities": count, "regroup_every": regroup_every}, lr / count
     mode = row[len("CASP("):-1]
-    return "casp", {"communities": mode, "regroup_every": 5}, lr
+    return "casp", {"communities": mode, "regroup_every": regroup_every}, lr
 
 
 def train_row(context, args, row, slow, data):
     """One session of ``args.seconds``; returns this worker's record."""
     worker = context.worker
-    policy, options, lr = row_setup(row, args.mlp_lr)
+    policy, options, lr = row_setup(row, args.mlp_lr, args.casp_regroup)
     model = make_model(data.x_train.shape[1], data.classes, seed=0)
     if args.hidden != 64:
         torch.manual_seed(0)
@@ -91,7 +93,8 @@ def train_row(context, args, row, slow, data):
             ps.zero_grad()
             loss = loss_fn(model(x[index]), y[index])
             loss.backward()
-            ps.report_loss(loss.item())
+            if not args.no_loss_reports:
+                ps.report_loss(loss.item())
             ps.step()
             steps += 1
             _evaluate(worker, steps, began, model, data, curve)

@@ -50,6 +50,10 @@ def parse(description: str, argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=32, help="--budget/--sweep: samples per step")
     parser.add_argument("--mlp-lr", type=float, default=0.05, help="--budget/--sweep: BSP's lr")
     parser.add_argument("--hidden", type=int, default=64, help="--budget: the MLP's width")
+    parser.add_argument("--casp-regroup", type=int, default=5,
+                        help="--budget/--sweep: the CASP rows' regroup_every")
+    parser.add_argument("--no-loss-reports", action="store_true",
+                        help="--budget/--sweep: the loop does not call report_loss")
     parser.add_argument("--ratios", default="1.5,3,10", help="--sweep: slowdowns of the slow")
     parser.add_argument("--shares", default="1,4", help="--sweep: how many of 8 are slow")
     parser.add_argument("--widths", default="64", help="--sweep: MLP widths (model size)")
