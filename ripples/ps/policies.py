@@ -90,10 +90,11 @@ def make_spec(policy, num_workers: int, staleness=None, backup_workers: int = 1,
 
     ``staleness``: required for ``"ssp"``; optional for ``"casp"`` (None: unbounded) and
     for ``"epsp"``/``"flexrr"`` (default 0). ``communities`` (``"auto"``, ``"projected"``,
-    ``"learned"`` or an integer in ``[1, num_workers]``, default ``"auto"``) and ``regroup_every`` (rounds, default 20)
-    belong to ``"casp"``; ``tasks_per_clock`` (default ``4 * num_workers``) to ``"epsp"``
-    and ``"flexrr"``; ``rebalance_every`` (clocks, default 5; the first rebalance comes
-    as soon as every worker is measured) to ``"epsp"``.
+    ``"learned"`` or an integer in ``[1, num_workers]``, default ``"auto"``) and
+    ``regroup_every`` (rounds, default 20) belong to ``"casp"``; ``tasks_per_clock``
+    (default ``4 * num_workers``) to ``"epsp"`` and ``"flexrr"``; ``rebalance_every``
+    (clocks, default 5; the first rebalance comes as soon as every worker is measured) to
+    ``"epsp"``.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
