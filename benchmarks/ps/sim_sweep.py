@@ -4,8 +4,9 @@ worker count x model size; time to a target loss and bytes pushed per sample.
 
 Learning rates follow the real benchmark's convention (``budget.py``): BSP and EPSP ``lr``,
 ASP and SSP ``lr / n``, a fixed CASP count ``C`` ``lr / C``, ``CASP(auto)`` scales each
-push by its community's size, ``CASP(projected)`` pushes its members' mean at ``lr``. One server link of ``--sim-gbps``; every worker computes
-``--sim-step-ms`` per step times its slowdown. Time to target: the servers' model reaches
+push by its community's size, ``CASP(projected)`` pushes its members' mean at ``lr``. One
+server link of ``--sim-gbps``; every worker computes ``--sim-step-ms`` per step times its
+slowdown. Time to target: the servers' model reaches
 ``--sim-target`` test loss, checked before each step of worker 0 (a fast worker). Runs in
 this process (no MPI)."""
 from __future__ import annotations
