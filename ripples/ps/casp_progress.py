@@ -197,8 +197,7 @@ def boundary(state: Progress, times: Sequence[float]) -> int:
         if starved(state.pushes, times):
             state.committed = state.schedule[1]
             return state.committed
-    moments = state.pushes or state.losses
-    began, ended = (moments[0][0], moments[-1][0]) if moments else (0.0, 0.0)
+    began, ended = (state.pushes[0][0], state.pushes[-1][0]) if state.pushes else (0.0, 0.0)
     state.results.append(Window(state.current, (began + ended) / 2, slope_rate(state.losses),
                                 batch_rate(state.pushes), ended - began))
     state.losses, state.pushes = [], []
