@@ -337,32 +337,97 @@ def test_launch_log_level_info_shows_the_ripples_loggers_info_lines():
             assert (f"ripples INFO: hello from rank {rank}" in result.stderr) == shown, flags
 
 
-def _launcher_failing_first(tmp_path, message, status):
-    """A stand-in for mpiexec that fails to start the first time (``message`` on standard
-    error, exit ``status``) and runs the second: the retry is launcher logic alone."""
-    tries, said = tmp_path / "tries", tmp_path / "message"
-    said.write_text(message + "\n")
+# Open MPI's reports, as its mpiexec prints them (the first on standard output).
+DAEMON_ENDED = """------------------------------------------------------------
+A daemon failed to report back after being spawned. This could
+be due to several factors, including inability to find the
+daemon executable, or the executable was unable to find its
+required supporting libraries. In some cases, the daemon was
+able to execute, but was unable to complete a TCP connection
+back to prterun:
+
+  Local host:    h1
+  Remote host:   h2
+  Daemon exit status: {status}
+
+This may also be caused by a firewall on the remote host. Please
+check that any firewall (e.g., iptables) has been disabled and
+try again.
+------------------------------------------------------------"""
+LOST_DAEMON = """------------------------------------------------------------
+PRTE has lost communication with a remote daemon.
+
+  HNP daemon   : [prterun-h1-1234@0,0] on node h1
+  Remote daemon: [prterun-h1-1234@0,2] on node h2
+
+This is usually due to either a failure of the TCP network
+connection to the node, or possibly an internal failure of
+the daemon itself. We cannot recover from this failure, and
+therefore will terminate the job.
+------------------------------------------------------------"""
+
+
+def _stand_in_mpiexec(tmp_path, first, later="echo ran"):
+    """A stand-in for mpiexec: its first run is the shell lines ``first``, every later run
+    ``later``; the file it returns counts the runs. What is tested is launcher logic alone."""
+    tries = tmp_path / "tries"
     script = tmp_path / "mpiexec"
     script.write_text(f"""#!/bin/sh
 echo x >> {tries}
-if [ $(wc -l < {tries}) -eq 1 ]; then cat {said} >&2; exit {status}; fi
-echo ran
+if [ $(wc -l < {tries}) -eq 1 ]; then
+{first}
+fi
+{later}
 """)
     script.chmod(0o755)
     return [str(script)], tries
 
 
-@pytest.mark.parametrize("message", [
-    "[vm:01234] PMIx server's listener thread failed to start",
-    "A daemon failed to report back after being spawned. This could"])
-def test_a_launch_open_mpi_failed_to_start_is_made_once_more(tmp_path, capfd, message):
-    argv, tries = _launcher_failing_first(tmp_path, message, 213)
+def _saying(tmp_path, text, stream):
+    """Shell lines printing ``text`` (kept in a file) on ``stream`` (1 or 2)."""
+    said = tmp_path / f"said{stream}"
+    said.write_text(text + "\n")
+    return f"cat {said} >&{stream}"
+
+
+@pytest.mark.parametrize("message, stream", [
+    ("[vm:01234] PMIx server's listener thread failed to start", 2),
+    (DAEMON_ENDED.format(status=0), 1), (DAEMON_ENDED.format(status=1), 1)])
+def test_a_launch_open_mpi_failed_to_start_is_made_once_more(tmp_path, capfd, message,
+                                                             stream):
+    argv, tries = _stand_in_mpiexec(tmp_path, f"{_saying(tmp_path, message, stream)}; exit 213")
     assert job_process.run_job(argv, dict(os.environ)) == 0
     assert tries.read_text().count("x") == 2
     assert "failed to start the job before any rank ran" in capfd.readouterr().err
 
 
 def test_a_job_failing_for_another_reason_is_not_launched_again(tmp_path):
-    argv, tries = _launcher_failing_first(tmp_path, "Traceback: ValueError", 1)
+    argv, tries = _stand_in_mpiexec(
+        tmp_path, f"{_saying(tmp_path, 'Traceback: ValueError', 2)}; exit 1")
     assert job_process.run_job(argv, dict(os.environ)) == 1
     assert tries.read_text().count("x") == 1
+
+
+@pytest.mark.parametrize("report, stream, status", [
+    (LOST_DAEMON, 2, 0),  # Open MPI exits 0 then
+    (DAEMON_ENDED.format(status=137), 1, 137)])  # the daemon's shell killed with its host
+def test_a_lost_host_fails_the_job_naming_it_and_is_not_launched_again(tmp_path, capfd,
+                                                                       report, stream,
+                                                                       status):
+    argv, tries = _stand_in_mpiexec(
+        tmp_path, f"echo READY; {_saying(tmp_path, report, stream)}; exit {status}")
+    code = job_process.run_job(argv, dict(os.environ))
+    assert code == (status or job_process.EXIT_HOST_LOST) and code != 0
+    assert tries.read_text().count("x") == 1
+    out, err = capfd.readouterr()
+    assert "READY" in out and report.splitlines()[1] in (out if stream == 1 else err)
+    assert "host(s) h2 were lost" in err
+    assert "starting it once more" not in err
+
+
+def test_output_passes_through_unchanged_to_the_same_stream(tmp_path, capfd):
+    argv, _ = _stand_in_mpiexec(tmp_path, "printf 'a\\rb\\n'; printf 'e\\n' >&2; exit 0")
+    assert job_process.run_job(argv, dict(os.environ)) == 0
+    out, err = capfd.readouterr()
+    assert out == "a\rb\n"
+    assert err == "e\n"

@@ -1,10 +1,12 @@
 """Running the mpiexec of a job: its status as a scheduler should see it.
 
-Ctrl-C is forwarded to mpiexec, which stops the ranks. mpiexec's error output passes
-through unchanged, watched for two of Open MPI's ways of ending badly: it ends a job whose
-host was lost (killed, powered off) with exit status 0, and after an ``MPI_Abort`` it may
-wait for good to reach the processes of a host cut off from the network, as it does after
-fault-tolerant survivors finished without ranks that stopped answering (``FINISHED_WITHOUT``).
+Ctrl-C is forwarded to mpiexec, which stops the ranks. mpiexec's output and error output
+pass through unchanged, watched for Open MPI's ways of ending badly: it ends a job whose
+host was lost (killed, powered off) with exit status 0, or with its daemon's status and a
+report that the daemon "failed to report back" (on standard output, though the daemon had
+run the ranks); and after an ``MPI_Abort`` it may wait for good to reach the processes of a
+host cut off from the network, as it does after fault-tolerant survivors finished without
+ranks that stopped answering (``FINISHED_WITHOUT``).
 """
 from __future__ import annotations
 
@@ -30,16 +32,16 @@ ABORT_GRACE_S = 10.0
 def run_job(argv: List[str], env: Dict[str, str], start_retries: int = 1) -> int:
     """Run the job; Ctrl-C is forwarded to mpiexec, which stops the ranks.
 
-    mpiexec's error output passes through a watcher (``LostHostWatcher``): Open MPI ends a
-    job whose host was lost (killed, powered off) with exit status 0, which would tell a
-    scheduler the job succeeded; and after an ``MPI_Abort`` it may wait for good to reach
-    the processes of a host that was cut off, so mpiexec is stopped ``ABORT_GRACE_S``
-    after an abort. A launch that Open MPI's runtime failed before any rank ran (its
-    listener thread or a remote daemon did not start) is made again, ``start_retries``
-    times at most."""
+    mpiexec's output passes through a ``JobReport``: a job whose host was lost (killed,
+    powered off) ends with status ``EXIT_HOST_LOST`` (or mpiexec's own non-zero status)
+    and names the host, where Open MPI may exit 0; and after an ``MPI_Abort`` it may wait
+    for good to reach the processes of a host that was cut off, so mpiexec is stopped
+    ``ABORT_GRACE_S`` after an abort. A launch that Open MPI's runtime failed before any
+    rank ran (its listener thread or a remote daemon did not start) is made again,
+    ``start_retries`` times at most."""
     while True:
-        code, watcher = _run_once(argv, env)
-        if code == 0 or not watcher.start_failed or start_retries <= 0:
+        code, report = _run_once(argv, env)
+        if code == 0 or not report.start_failed or report.lost or start_retries <= 0:
             return code
         start_retries -= 1
         print("ripplesrun: Open MPI's runtime failed to start the job before any rank ran: "
@@ -47,21 +49,24 @@ def run_job(argv: List[str], env: Dict[str, str], start_retries: int = 1) -> int
         time.sleep(1.0)
 
 
-def _run_once(argv: List[str], env: Dict[str, str]) -> Tuple[int, "LostHostWatcher"]:
-    """One mpiexec: its status as ``run_job`` reports it, and what its watcher saw."""
-    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
-    watcher = LostHostWatcher(proc.stderr, sys.stderr.buffer)
-    watcher.start()
+def _run_once(argv: List[str], env: Dict[str, str]) -> Tuple[int, "JobReport"]:
+    """One mpiexec: its status as ``run_job`` reports it, and what its report saw."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    report = JobReport()
+    copiers = [StreamCopier(proc.stdout, sys.stdout.buffer, report),
+               StreamCopier(proc.stderr, sys.stderr.buffer, report)]
+    for copier in copiers:
+        copier.start()
     while True:
         try:
-            code = proc.wait(timeout=watcher.give_up_in())
+            code = proc.wait(timeout=report.give_up_in())
             break
         except subprocess.TimeoutExpired:
-            if not watcher.overdue():
+            if not report.overdue():
                 continue
             # mpiexec still waits for ranks it cannot reach (a host cut off, a frozen rank)
             # after a rank aborted the job, or after the survivors finished without them.
-            if watcher.survivors_finished:
+            if report.survivors_finished:
                 print(f"ripplesrun: the survivors finished; mpiexec still waits after "
                       f"{ABORT_GRACE_S:g} s for ranks left behind (frozen or cut off): "
                       "stopping it", file=sys.stderr, flush=True)
@@ -72,23 +77,29 @@ def _run_once(argv: List[str], env: Dict[str, str]) -> Tuple[int, "LostHostWatch
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             code = proc.wait()
-            watcher.join(timeout=5)
-            return (0 if watcher.survivors_finished else EXIT_ABORT_STUCK), watcher
+            _join(copiers)
+            return (0 if report.survivors_finished else EXIT_ABORT_STUCK), report
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
-    watcher.join(timeout=5)  # a shell left on a lost host may hold the pipe open
-    if code != 0 and watcher.survivors_finished:
+    _join(copiers)
+    if code != 0 and report.survivors_finished:
         # Ranks left behind stop with an error of their own; the job's result is the survivors'.
         print(f"ripplesrun: the survivors finished; mpiexec's status {code} comes from the "
               "ranks left behind: exit status 0", file=sys.stderr, flush=True)
-        return 0, watcher
-    if code == 0 and watcher.lost:
-        print(f"ripplesrun: error: the job was terminated because host(s) "
-              f"{', '.join(watcher.lost)} were lost (Open MPI lost its daemon there: killed, "
-              f"down or cut off); exit status {EXIT_HOST_LOST}", file=sys.stderr, flush=True)
-        return EXIT_HOST_LOST, watcher
+        return 0, report
     # A job killed by a signal reports -SIG; shells report 128 + SIG.
-    return (128 - code if code < 0 else code), watcher
+    code = 128 - code if code < 0 else code
+    if report.lost:
+        code = code or EXIT_HOST_LOST
+        print(f"ripplesrun: error: the job was terminated because host(s) "
+              f"{', '.join(report.lost)} were lost (Open MPI lost its daemon there: killed, "
+              f"down or cut off); exit status {code}", file=sys.stderr, flush=True)
+    return code, report
+
+
+def _join(copiers: List["StreamCopier"]) -> None:
+    for copier in copiers:
+        copier.join(timeout=5)  # a shell left on a lost host may hold a pipe open
 
 
 def _descendants(pid: int) -> List[int]:
@@ -106,14 +117,17 @@ def _descendants(pid: int) -> List[int]:
     return found
 
 
-class LostHostWatcher(threading.Thread):
-    """Copies mpiexec's error output unchanged to ``sink`` as it comes (a progress bar's
-    carriage returns included) and collects the hosts whose daemon Open MPI reports lost
-    (``lost``)."""
+class JobReport:
+    """What mpiexec's output said about how the job ends: the hosts whose daemon Open MPI
+    lost (``lost``), whether its runtime failed before any rank ran (``start_failed``), and
+    when the job should have ended (a rank aborted it, or the survivors finished)."""
 
     _LOST = re.compile(rb"lost communication with a remote daemon.*?Remote daemon:\s*\S+ "
                        rb"on node (\S+)", re.S)
-
+    # Open MPI's report on a daemon whose launch shell ended with an error. The daemon may
+    # have run for long: a shell killed with its host (status 128 + SIGKILL) is a lost host.
+    _DAEMON_ENDED = re.compile(rb"daemon failed to report back.*?Remote host:\s*(\S+)\s*"
+                               rb"Daemon exit status:\s*(\d+)", re.S)
     _ABORT = b"MPI_ABORT was invoked"
     # Open MPI's runtime failing before any rank ran (seen under load and on a host just
     # reconnected); a job also fails, so only a rank printing these words would be retried.
@@ -121,14 +135,11 @@ class LostHostWatcher(threading.Thread):
                                rb"daemon failed to report back")
     _FINISHED_WITHOUT = f"ripples: {failures.FINISHED_WITHOUT}".encode()
 
-    def __init__(self, source, sink):
-        super().__init__(name="ripplesrun-stderr", daemon=True)
-        self._source, self._sink = source, sink
+    def __init__(self):
         self.lost: List[str] = []
-        # When the job should have ended: a rank aborted it, or the survivors finished.
         self.ending_at: Optional[float] = None
         self.survivors_finished = False
-        self.start_failed = False  # Open MPI's runtime failed before any rank ran
+        self.start_failed = False
 
     def give_up_in(self) -> float:
         """How long to wait for mpiexec before looking at ``overdue`` again."""
@@ -141,23 +152,46 @@ class LostHostWatcher(threading.Thread):
         return (self.ending_at is not None
                 and time.monotonic() >= self.ending_at + ABORT_GRACE_S)
 
+    def read(self, recent: bytes) -> None:
+        """Take in the latest output of one stream (enough to hold one whole report)."""
+        if self.ending_at is None and self._ABORT in recent:
+            self.ending_at = time.monotonic()
+        if self.ending_at is None and self._FINISHED_WITHOUT in recent:
+            self.ending_at = time.monotonic()
+            self.survivors_finished = True
+        if not self.start_failed and self._START_FAILED.search(recent):
+            self.start_failed = True
+        hosts = [match.group(1) for match in self._LOST.finditer(recent)]
+        hosts += [match.group(1) for match in self._DAEMON_ENDED.finditer(recent)
+                  if int(match.group(2)) > 128]
+        for host in hosts:
+            name = host.decode(errors="replace")
+            if name not in self.lost:
+                self.lost.append(name)
+
+
+class StreamCopier(threading.Thread):
+    """Copies one of mpiexec's output streams unchanged to ``sink`` as it comes (a progress
+    bar's carriage returns included) and lets ``report`` read it. A sink that was closed (a
+    pipe into ``head``) is no longer written, but the stream is still drained: mpiexec must
+    not block on a full pipe."""
+
+    def __init__(self, source, sink, report: JobReport):
+        super().__init__(name="ripplesrun-output", daemon=True)
+        self._source, self._sink, self._report = source, sink, report
+
     def run(self) -> None:
         recent = b""  # enough of the latest output to hold one report split across reads
+        sink = self._sink
         while True:
             chunk = os.read(self._source.fileno(), 65536)
             if not chunk:
                 break
-            self._sink.write(chunk)
-            self._sink.flush()
+            if sink is not None:
+                try:
+                    sink.write(chunk)
+                    sink.flush()
+                except OSError:
+                    sink = None
             recent = (recent + chunk)[-8192:]
-            if self.ending_at is None and self._ABORT in recent:
-                self.ending_at = time.monotonic()
-            if not self.start_failed and self._START_FAILED.search(recent):
-                self.start_failed = True
-            if self.ending_at is None and self._FINISHED_WITHOUT in recent:
-                self.ending_at = time.monotonic()
-                self.survivors_finished = True
-            for match in self._LOST.finditer(recent):
-                host = match.group(1).decode(errors="replace")
-                if host not in self.lost:
-                    self.lost.append(host)
+            self._report.read(recent)
