@@ -90,8 +90,9 @@ class Job:
 
     def _relaunch_after_a_failed_start(self):
         """Start the job once more if Open MPI's daemon on a host did not start (2 of 3
-        runs of this file once, always right after a test that cut and healed h2; ripplesrun's
-        own retry did not see it): what is tested starts only once every rank runs."""
+        runs of this file once, always right after a test that cut and healed h2, before
+        ripplesrun watched mpiexec's standard output, where Open MPI reports it; ripplesrun
+        retries once itself now): what is tested starts only once every rank runs."""
         out = self.output()
         if self._relaunched or "RANK " in out or "daemon failed to report back" not in out:
             return False
