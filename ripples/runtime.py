@@ -50,6 +50,10 @@ class Runtime:
         # end of its share of an epoch): schedules that form groups from the ranks that ask
         # stop waiting for it (``Schedule.away``). Cheap and never blocking.
         self.away_hooks: List[Callable[[], None]] = []
+        # Called with the group before this rank submits a collective of the script (not a
+        # training step's): parameter-server communities bring their members to the same
+        # step first (``ps.community``), so the call may block while members catch up.
+        self.script_collective_hooks: List[Callable[[tuple], None]] = []
         # The DistributedOptimizers under which ranks may take different numbers of steps
         # (a generator schedule, asynchronous AD-PSGD): a shared DistributedSampler then
         # shares its epochs by speed.
@@ -120,6 +124,12 @@ class Runtime:
         ``away_hooks``."""
         for hook in self.away_hooks:
             hook()
+
+    def before_script_collective(self, group: tuple) -> None:
+        """This rank is about to submit a collective of the script on ``group``: run the
+        ``script_collective_hooks``."""
+        for hook in list(self.script_collective_hooks):
+            hook(group)
 
     def at_shutdown(self, closer: Callable[[], None]) -> None:
         """Run ``closer`` at ``shutdown()``, before communicators are released (last in, first run)."""

@@ -51,8 +51,8 @@ JOBS = {
     "ps_4_ranks_2_servers": Job(4, 2, ("bsp", "checkpoint"), timeout=180),
     # "casp failure" replaces the workers' runtime by a strict one without PS mode: last.
     "ps_4_ranks": Job(4, 1, ("frontend policies", "epsp", "casp failure"), timeout=390),
-    "ps_5_ranks": Job(5, 1, ("policies", "casp equivalence", "casp uneven", "casp learned"),
-                      timeout=480),
+    "ps_5_ranks": Job(5, 1, ("policies", "casp equivalence", "casp uneven", "casp epochs",
+                             "casp learned"), timeout=540),
 }
 
 ERROR_LINE = re.compile(r"CHECK FAILED|^\S*(Error|Exception)\b")

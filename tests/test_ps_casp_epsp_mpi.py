@@ -21,6 +21,11 @@ def test_casp_workers_may_stop_after_different_numbers_of_steps(ps_5_ranks):
     ps_5_ranks.check("casp uneven", "casp uneven OK")
 
 
+@pytest.mark.xdist_group("ps_5_ranks")
+def test_casp_re_formed_communities_and_a_metric_all_reduce_after_each_epoch(ps_5_ranks):
+    ps_5_ranks.check("casp epochs", "casp epochs OK")
+
+
 @pytest.mark.xdist_group("ps_4_ranks")
 def test_casp_stalled_member_fails_its_community_and_the_other_continues(ps_4_ranks):
     ps_4_ranks.check("casp failure", "casp failure OK")

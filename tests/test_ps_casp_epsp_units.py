@@ -421,3 +421,15 @@ def test_the_next_clock_is_claimed_and_pulled_while_the_last_task_computes(stale
     pulls = [m for _, m in seen_at_last_task if isinstance(m, tuple)]
     assert len(next_claims) == 1 and next_claims[0]["count"] >= 1
     assert pulls == ([("pull", 1)] if staleness else [])
+
+
+def test_a_worker_is_paused_from_its_paused_round_until_it_trains_again():
+    paused = casp.paused_after(set(), [0, 1], [0], leaving=set())
+    assert paused == {0}  # worker 1 trained in that round; worker 0 waits for it
+    paused = casp.paused_after(paused, [2, 3], [], leaving=set())
+    assert paused == {0}  # another community's training rounds do not resume worker 0
+    paused = casp.paused_after(paused, [0, 1], [0, 1], leaving=set())
+    assert paused == {0, 1}
+    paused = casp.paused_after(paused, [0, 1, 2], [], leaving={2})
+    assert paused == set()  # 0 and 1 train again; 2 only leaves
+    assert casp.paused_after({2}, [0, 2], [], leaving={2}) == {2}

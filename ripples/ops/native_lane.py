@@ -305,6 +305,8 @@ def run_planned(key: tuple, tensor: torch.Tensor) -> bool:
             or engine.lanes.paused or lane.generation != rt.generation or tensor.requires_grad
             or not tensor.is_contiguous() or rt.timeline.enabled):
         return False
+    if plan.away and rt.script_collective_hooks:
+        rt.before_script_collective(plan.group)  # may run collectives itself: before the lock
     if not engine._comm_lock.acquire(False):
         return False
     if plan.away and rt.away_hooks:

@@ -46,6 +46,7 @@ def _group_of(process_set: ProcessSet, what: str):
         raise ValueError(f"rank {rt.rank} called {what} on {process_set}, which does not "
                          "contain it; only members may call it")
     rt.left_training_step()  # a collective of the script, not a training step's P-Reduce
+    rt.before_script_collective(group)
     return rt, group
 
 

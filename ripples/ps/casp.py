@@ -29,7 +29,7 @@ cut and the score, see ``casp_scoring``):
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import casp_progress
 from .casp_scoring import (AUTO, DEFAULT_TRAFFIC_PENALTY, EMA_ALPHA, LEARNED, PROGRESS,
@@ -39,8 +39,8 @@ from .casp_scoring import (AUTO, DEFAULT_TRAFFIC_PENALTY, EMA_ALPHA, LEARNED, PR
 
 __all__ = ["AUTO", "Communities", "Controller", "DEFAULT_TRAFFIC_PENALTY", "EMA_ALPHA",
            "LEARNED", "PROGRESS", "PROJECTED", "choose", "contiguous", "controller_count",
-           "ema", "from_labels", "labels", "normalize", "observe", "projected_score",
-           "regroup", "sort_and_cut", "weighs_by_size"]
+           "ema", "from_labels", "labels", "normalize", "observe", "paused_after",
+           "projected_score", "regroup", "sort_and_cut", "weighs_by_size"]
 
 
 @dataclasses.dataclass
@@ -118,6 +118,15 @@ def regroup(state: Controller) -> bool:
     state.plan = plan
     state.history.append((state.version, plan))
     return True
+
+
+def paused_after(paused: AbstractSet[int], members: Sequence[int],
+                 paused_now: Sequence[int], leaving: AbstractSet[int]) -> Set[int]:
+    """The workers paused (serving rounds before a collective of the script) after a push
+    of community ``members`` in which ``paused_now`` were paused: a worker is paused from
+    its paused round until a round in which it trains (neither paused nor leaving)."""
+    trained = set(members) - set(paused_now) - set(leaving)
+    return (set(paused) | set(paused_now)) - trained
 
 
 def _learned_plan(state: Controller, times: List[float]) -> Communities:

@@ -17,6 +17,16 @@ A round, on every member of the worker's community (``casp.py`` holds the plan l
    wait).
 4. A new plan is adopted by the whole community at once, after this round.
 
+A collective of the script on the whole world (a metric all-reduce after each epoch;
+``align()``, run by the runtime before it): members of a community formed by a new plan
+may be at different steps (each community adopted the plan at its own round), and the
+member ahead would enter the collective while another still needs it for rounds. So the
+worker first serves its community's rounds without a gradient, marked paused, until no
+member is training and no new plan arrived: every member then enters the collective. Server
+0 issues no plan while a worker is paused (from its paused round until it trains again), so
+no member in the collective is put in a community that would wait for it. Two collectives
+in a row with no step between them pause once.
+
 Uneven work (``leave()``, called by ``join()``): a worker that has finished keeps serving
 its community's rounds with zero gradients and its leaving flag set, so members still
 training never wait for it. The community stops together, at the first round in which every
@@ -39,7 +49,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import List
+from typing import List, NamedTuple
 
 import torch
 
@@ -48,6 +58,14 @@ from ..core.errors import RipplesError
 from ..ops.partial import grouped_partial_allreduce_
 from ..core.reduce_ops import ReduceOp
 from . import casp_scoring as casp
+
+
+class RoundEnd(NamedTuple):
+    """How a round ended: members still training (neither leaving nor paused), whether
+    every member is leaving, and whether a new plan was adopted after it."""
+    training: int
+    all_leaving: bool
+    new_plan: bool
 
 
 class CommunityStep:
@@ -75,6 +93,10 @@ class CommunityStep:
         self.last_end = time.monotonic()
         self.rounds = 0
         self.failed = False  # a round raised: the members' collectives are out of step
+        self.steps = 0  # training rounds of this worker
+        self.paused_at = None  # ``steps`` when the members last paused together
+        self.world = tuple(range(self.num_workers))
+        runtime.current().script_collective_hooks.append(self.align)
         self.stats = {"rounds": 0, "collective_s": 0.0, "plans": [(0, self.plan)],
                       "bytes_pushed_per_community": {}, "bytes_pulled_per_community": {}}
 
@@ -85,25 +107,46 @@ class CommunityStep:
     def step(self, skip: bool) -> None:
         """One community round with this worker's gradients."""
         self.time_ema = casp.ema(self.time_ema, time.monotonic() - self.last_end)
-        self._round(skip, leaving=False)
+        self._round(skip, leaving=False, paused=False)
+        self.steps += 1
 
     def leave(self) -> None:
         """Serve community rounds without gradients until every member of this worker's
         community is leaving too (see the module docstring). After a round failed the
         community is out of step and there is nothing to serve: returns at once."""
-        while not self.failed and not self._round(False, leaving=True):
-            pass
+        hooks = runtime.current().script_collective_hooks
+        if self.align in hooks:
+            hooks.remove(self.align)
+        while not self.failed:
+            end = self._round(False, leaving=True, paused=False)
+            if end.all_leaving and not end.new_plan:
+                return
 
-    def _round(self, skip: bool, leaving: bool) -> bool:
-        """One round; returns True when every member was leaving and the plan stayed."""
+    def align(self, group) -> None:
+        """Before a collective of the script on ``group``: when it is the whole world,
+        serve community rounds without gradients, marked paused, until no member of this
+        worker's community is training and no new plan arrived (see the module docstring).
+        Returns at once after a failed round, or when the members paused together with no
+        step since."""
+        if tuple(group) != self.world or self.failed or self.paused_at == self.steps:
+            return
+        while True:
+            end = self._round(False, leaving=False, paused=True)
+            if end.training == 0 and not end.new_plan:
+                self.paused_at = self.steps
+                return
+
+    def _round(self, skip: bool, leaving: bool, paused: bool) -> RoundEnd:
+        """One round, with this worker's gradients unless it is leaving or paused."""
         ps = self.ps
         n = self.num_workers
-        grads = [p.grad.detach() if p.grad is not None and not leaving else torch.zeros_like(p)
+        idle = leaving or paused
+        grads = [p.grad.detach() if p.grad is not None and not idle else torch.zeros_like(p)
                  for p in ps.params]
-        # times, leaving flags, losses, skip
-        control = torch.zeros(3 * n + 1, dtype=torch.float64)
-        if leaving:
-            control[n + ps.worker] = 1.0
+        # times, leaving flags, losses, paused flags, skip
+        control = torch.zeros(4 * n + 1, dtype=torch.float64)
+        if idle:
+            control[(n if leaving else 3 * n) + ps.worker] = 1.0
             control[2 * n + ps.worker] = math.nan
         else:
             control[ps.worker] = self.time_ema
@@ -111,18 +154,19 @@ class CommunityStep:
             control[-1] = float(skip)
         self.loss = math.nan
         try:
-            return self._exchange(grads, control, self.members, leaving)
+            return self._exchange(grads, control, self.members, idle)
         except RipplesError:
             self.failed = True
             raise
 
-    def _exchange(self, grads, control, members, leaving) -> bool:
+    def _exchange(self, grads, control, members, idle) -> RoundEnd:
         ps = self.ps
         n = self.num_workers
         leader = members[0]
         self._reduce(grads + [control], members, ReduceOp.SUM)
         leavers = [w for w in members if control[n + w] > 0]
-        training = len(members) - len(leavers)
+        paused = [w for w in members if control[3 * n + w] > 0]
+        training = len(members) - len(leavers) - len(paused)
         for g in grads:
             g /= n if self.by_size else max(training, 1)
         error = None
@@ -133,7 +177,9 @@ class CommunityStep:
             try:
                 ps.push_and_pull(control[-1].item() > 0 or training == 0, {
                     "members": list(members), "plan": self.plan_version, "leaving": leavers,
-                    "times": {w: float(control[w]) for w in members if w not in leavers},
+                    "paused": paused,
+                    "times": {w: float(control[w]) for w in members
+                              if w not in leavers and w not in paused},
                     "losses": [v for v in (float(control[2 * n + w]) for w in members)
                                if math.isfinite(v)]})
             except RipplesError as exc:
@@ -142,7 +188,7 @@ class CommunityStep:
         else:
             ps.clock += 1
         wire = self._broadcast(members, leader, error)
-        if not leaving:
+        if not idle:
             self.stats["rounds"] += 1
         self.last_end = time.monotonic()
         if error is not None:
@@ -151,7 +197,7 @@ class CommunityStep:
             raise RipplesError(f"community {list(members)}: its leader, worker {leader}, failed "
                                f"to push or pull (its own error says why)")
         new_plan = self._adopt(int(wire[0]), [int(v) for v in wire[2:2 + n]])
-        return training == 0 and not new_plan
+        return RoundEnd(training, len(leavers) == len(members), new_plan)
 
     def _reduce(self, tensors: List[torch.Tensor], members: tuple, op) -> None:
         if len(members) > 1:

@@ -20,6 +20,9 @@ class CommunityPushes(ArrivalPushes):
         super().__init__(session)
         self.bytes_in = {}  # per community ("0,2,3"), what its leaders pushed here
         self.leaving: set = set()  # workers serving their community's last rounds
+        # Workers serving rounds before a collective of the script, from their paused round
+        # until they train again (``community.CommunityStep.align``).
+        self.paused: set = set()
         self.controller = None
         if session.server.index == 0:
             count = casp.controller_count(self.spec.communities)
@@ -39,9 +42,12 @@ class CommunityPushes(ArrivalPushes):
             casp.observe(self.controller, message["plan"], members, message["times"],
                          message.get("losses", ()), time.monotonic())
             # Once a worker is leaving, a new plan could put it in a community that would
-            # wait for it forever: the communities stay as they are.
+            # wait for it forever: the communities stay as they are. A paused worker may be
+            # in a collective of the script: no plan until it trains again.
             self.leaving.update(message.get("leaving", ()))
-            if not session.joined and not self.leaving:
+            self.paused = casp.paused_after(self.paused, members,
+                                            message.get("paused", ()), self.leaving)
+            if not session.joined and not self.leaving and not self.paused:
                 casp.regroup(self.controller)
         super().on_push(worker, message)
 

@@ -7,6 +7,10 @@ Scenarios (run by mpi_ps_scenarios.py, in PS mode: the workers' runtime is there
   ``casp uneven``       (5 ranks: 4 workers of two speeds) every worker stops on its own
                         clock, after a regrouping: no one waits for a finished member, and
                         every round is averaged over the members still training
+  ``casp epochs``       (5 ranks: 4 workers, worker 3 slow) a user's epoch loop: a fixed
+                        number of steps per epoch and an all-reduce of a metric after each,
+                        while re-formed communities put members of different step counts
+                        together: every epoch ends in the all-reduce on every worker
   ``casp failure``      (4 ranks: 3 workers, communities (0,) and (1, 2)): worker 2 stalls,
                         worker 1 gets a timeout naming it, worker 0 keeps training alone
                         (last in its job: it restarts the workers' runtime without PS mode)
@@ -181,6 +185,35 @@ def uneven(context):
               f"{m['community']['plans']}", flush=True)
 
 
+def epochs(context):
+    """Communities {0, 1} and {2, 3} (worker 3 three times slower) are re-formed by speed to
+    {0, 1, 2} and {3}. {0, 1} takes the plan steps ahead of worker 2, so at an epoch's end
+    workers 0 and 1 call the all-reduce while worker 2 still needs them for rounds: unless
+    the community first brings its members to the same step, that all-reduce fails."""
+    from ripples.core.reduce_ops import ReduceOp
+    from ripples.ops import collectives
+    worker = context.worker
+    param = torch.nn.Parameter(torch.zeros(3))
+    ps = PSOptimizer(torch.optim.SGD([param], lr=0.01), [("v", param)], context,
+                     timeout_s=20, policy="casp", communities=2, regroup_every=3)
+    steps_per_epoch, epochs_run = 11, 4
+    for epoch in range(epochs_run):
+        for _ in range(steps_per_epoch):
+            time.sleep(0.03 if worker == 3 else 0.01)
+            param.grad = torch.ones(3)
+            ps.step()
+        steps = collectives.allreduce(torch.tensor([float(ps.stats["steps"])]),
+                                      op=ReduceOp.SUM, name=f"epoch.{epoch}")
+        check(steps.item() == 4 * steps_per_epoch * (epoch + 1),
+              f"epoch {epoch}: steps summed {steps.item()}")
+    plans = ps.community.stats["plans"]
+    ps.join()
+    versions = ps.metrics()["server_load"][0]["plan_version"]
+    check(versions >= 1, f"the communities were re-formed: plans {plans}")
+    if worker == 0:
+        print(f"casp epochs OK: plans {plans}", flush=True)
+
+
 def failure(context):
     timeout = 2.0
     # The stalled member sleeps, standing for a dead one: that takes the strict rule (with
@@ -232,4 +265,5 @@ def failure(context):
               flush=True)
 
 
-SCENARIOS = {"casp equivalence": equivalence, "casp uneven": uneven, "casp failure": failure}
+SCENARIOS = {"casp equivalence": equivalence, "casp uneven": uneven, "casp epochs": epochs,
+             "casp failure": failure}
