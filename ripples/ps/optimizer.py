@@ -189,6 +189,10 @@ class PSOptimizer(OptimizerWrapper):
                 self.report_loss(loss)
         self.policy_step.step(unscale_for_amp(self, self.params))
         self.stats["steps"] += 1
+        # The servers step, not the wrapped optimizer: tell an LR scheduler made on it
+        # before wrapping (Horovod's usual order) that a step was taken, the mark torch's
+        # schedulers check, or its first scheduler.step() warns of a wrong call order.
+        self.optimizer._opt_called = True
         if self.balancer is not None:
             self.balancer.boundary()
         if self.controller is not None:

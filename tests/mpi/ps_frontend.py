@@ -8,6 +8,7 @@ Scenarios (run by mpi_ps_scenarios.py):
                                ends with hvd.shutdown(): after it, no scenario may use the
                                frontend)
 """
+import warnings
 from pathlib import Path
 
 import torch
@@ -34,15 +35,21 @@ def frontend(context):
     assert hvd.size() == context.num_workers == 2 and hvd.rank() in (0, 1), (hvd.rank(), hvd.size())  # workers only
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                   named_parameters=model.named_parameters(), sync="ps",
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    # made on the optimizer before wrapping, as Horovod scripts do
+    scheduler = torch.optim.lr_scheduler.StepLR(sgd, step_size=1, gamma=0.5)
+    opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), sync="ps",
                                    policy="bsp")
-    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    for step in range(3 + hvd.rank()):  # uneven step counts end with join()
-        opt.zero_grad()
-        model(torch.full((2, 4), float(hvd.rank() + 1))).sum().backward()
-        opt.step()
-        scheduler.step()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3 + hvd.rank()):  # uneven step counts end with join()
+            opt.zero_grad()
+            model(torch.full((2, 4), float(hvd.rank() + 1))).sum().backward()
+            opt.step()
+            scheduler.step()
+    assert not [w for w in caught if "lr_scheduler" in str(w.message)], \
+        [str(w.message) for w in caught]
+    assert opt.param_groups[0]["lr"] == 0.1 * 0.5 ** (3 + hvd.rank()), opt.param_groups
     hvd.join()
     saved = opt.state_dict()  # the servers' momentum, one buffer per parameter
     assert sorted(saved["state"]) == [0, 1], saved["state"].keys()
