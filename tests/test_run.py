@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -431,3 +432,31 @@ def test_output_passes_through_unchanged_to_the_same_stream(tmp_path, capfd):
     out, err = capfd.readouterr()
     assert out == "a\rb\n"
     assert err == "e\n"
+
+
+def test_output_is_drained_after_the_sink_closes(tmp_path):
+    """``ripplesrun ... | head``: once the reader is gone the copier stops writing but keeps
+    reading, so mpiexec never blocks on a full pipe, and still sees Open MPI's reports."""
+    class ClosedSink:
+        def write(self, data):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    read_end, write_end = os.pipe()
+    report = job_process.JobReport()
+    copier = job_process.StreamCopier(os.fdopen(read_end, "rb"), ClosedSink(), report)
+    copier.start()
+
+    def mpiexec():
+        with os.fdopen(write_end, "wb") as source:  # more than a pipe's buffer holds
+            source.write(b"x" * (1 << 20) + b"\n" + LOST_DAEMON.encode())
+
+    writer = threading.Thread(target=mpiexec, daemon=True)
+    writer.start()
+    writer.join(timeout=10)
+    copier.join(timeout=10)
+    assert not writer.is_alive(), "the writer blocked: nothing read the pipe"
+    assert not copier.is_alive()
+    assert report.lost == ["h2"]
