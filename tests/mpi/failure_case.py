@@ -13,6 +13,7 @@ prints ``NOT FAILING``: once every worker has left, nobody is left to notice a s
 in its exit, and only the launcher could end such a job).
 Each rank prints ``DONE rank R`` when it finishes.
 """
+import atexit
 import faulthandler
 import os
 import signal
@@ -52,16 +53,28 @@ if mode == "ps" and world_rank == victim == 0 and failure != "none":
             frame = frame.f_back
         return frame is not None
 
+    decided, deciding = [], threading.Lock()
+
+    def decide(fail: bool):
+        """Fail, or say that it will not, once: from the thread, or at exit (the server
+        exits when every worker has left, killing the thread in its sleep)."""
+        with deciding:
+            if decided:
+                return
+            decided.append(fail)
+            if fail:
+                fail_now()
+            else:  # the workers had finished: a server frozen in its exit is out of reach
+                print(f"NOT FAILING rank {world_rank}: it had stopped serving", flush=True)
+
     def fail_while_serving():
         while not serving():
             time.sleep(0.01)
         time.sleep(0.2 * at_step)
-        if serving():
-            fail_now()
-        else:  # the workers had finished: a server frozen in its exit is out of reach
-            print(f"NOT FAILING rank {world_rank}: it had stopped serving", flush=True)
+        decide(serving())
 
     threading.Thread(target=fail_while_serving, daemon=True).start()
+    atexit.register(decide, False)
 
 import ripples.torch as hvd  # noqa: E402  (after the server's timer: init() serves)
 
