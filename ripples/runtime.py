@@ -128,7 +128,7 @@ class Runtime:
     def before_script_collective(self, group: tuple) -> None:
         """This rank is about to submit a collective of the script on ``group``: run the
         ``script_collective_hooks``."""
-        for hook in list(self.script_collective_hooks):
+        for hook in self.script_collective_hooks:
             hook(group)
 
     def at_shutdown(self, closer: Callable[[], None]) -> None:

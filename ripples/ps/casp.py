@@ -125,8 +125,8 @@ def paused_after(paused: AbstractSet[int], members: Sequence[int],
     """The workers paused (serving rounds before a collective of the script) after a push
     of community ``members`` in which ``paused_now`` were paused: a worker is paused from
     its paused round until a round in which it trains (neither paused nor leaving)."""
-    trained = set(members) - set(paused_now) - set(leaving)
-    return (set(paused) | set(paused_now)) - trained
+    trained = set(members) - set(paused_now) - leaving
+    return (paused | set(paused_now)) - trained
 
 
 def _learned_plan(state: Controller, times: List[float]) -> Communities:

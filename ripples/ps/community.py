@@ -95,8 +95,8 @@ class CommunityStep:
         self.failed = False  # a round raised: the members' collectives are out of step
         self.steps = 0  # training rounds of this worker
         self.paused_at = None  # ``steps`` when the members last paused together
-        self.world = tuple(range(self.num_workers))
-        runtime.current().script_collective_hooks.append(self.align)
+        self.runtime = runtime.current()  # the workers' world (``check_runtime``)
+        self.runtime.script_collective_hooks.append(self.align)
         self.stats = {"rounds": 0, "collective_s": 0.0, "plans": [(0, self.plan)],
                       "bytes_pushed_per_community": {}, "bytes_pulled_per_community": {}}
 
@@ -114,7 +114,7 @@ class CommunityStep:
         """Serve community rounds without gradients until every member of this worker's
         community is leaving too (see the module docstring). After a round failed the
         community is out of step and there is nothing to serve: returns at once."""
-        hooks = runtime.current().script_collective_hooks
+        hooks = self.runtime.script_collective_hooks
         if self.align in hooks:
             hooks.remove(self.align)
         while not self.failed:
@@ -128,7 +128,8 @@ class CommunityStep:
         worker's community is training and no new plan arrived (see the module docstring).
         Returns at once after a failed round, or when the members paused together with no
         step since."""
-        if tuple(group) != self.world or self.failed or self.paused_at == self.steps:
+        if (tuple(group) != self.runtime.world_group or self.failed
+                or self.paused_at == self.steps):
             return
         while True:
             end = self._round(False, leaving=False, paused=True)
