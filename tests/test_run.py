@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -407,6 +408,28 @@ def test_a_job_failing_for_another_reason_is_not_launched_again(tmp_path):
         tmp_path, f"{_saying(tmp_path, 'Traceback: ValueError', 2)}; exit 1")
     assert job_process.run_job(argv, dict(os.environ)) == 1
     assert tries.read_text().count("x") == 1
+
+
+ABORTED = """MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD
+  Proc: [[2895,1],1]
+  Errorcode: 1"""
+
+
+@pytest.mark.parametrize("mpiexec_after_the_report", ["exit 1", "sleep 60"])
+def test_a_job_a_rank_aborted_is_not_launched_again_whatever_open_mpi_says_next(
+        tmp_path, capfd, monkeypatch, mpiexec_after_the_report):
+    """A host cut off after a rank aborted: Open MPI then says its daemon there 'failed to
+    report back' (status 0), words it also uses for a failed start; and it may never end
+    (``sleep``), so ripplesrun stops it. The ranks ran: starting the job again is wrong."""
+    monkeypatch.setattr(job_process, "ABORT_GRACE_S", 1.0)
+    argv, tries = _stand_in_mpiexec(
+        tmp_path, f"{_saying(tmp_path, ABORTED, 2)}; "
+        f"{_saying(tmp_path, DAEMON_ENDED.format(status=0), 1)}; {mpiexec_after_the_report}")
+    began = time.monotonic()
+    assert job_process.run_job(argv, dict(os.environ)) == 1
+    assert time.monotonic() - began < 30
+    assert tries.read_text().count("x") == 1
+    assert "starting it once more" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("report, stream, status", [

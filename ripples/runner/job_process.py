@@ -131,6 +131,7 @@ class JobReport:
     _ABORT = b"MPI_ABORT was invoked"
     # Open MPI's runtime failing before any rank ran (seen under load and on a host just
     # reconnected); a job also fails, so only a rank printing these words would be retried.
+    # Open MPI prints the second also for a host cut off after a rank aborted the job.
     _START_FAILED = re.compile(rb"listener thread failed to start|"
                                rb"daemon failed to report back")
     _FINISHED_WITHOUT = f"ripples: {failures.FINISHED_WITHOUT}".encode()
@@ -139,7 +140,14 @@ class JobReport:
         self.lost: List[str] = []
         self.ending_at: Optional[float] = None
         self.survivors_finished = False
-        self.start_failed = False
+        self._start_failure_said = False
+
+    @property
+    def start_failed(self) -> bool:
+        """Whether Open MPI said its runtime failed, and no rank is known to have run: none
+        aborted the job and no survivors finished (a rank that ran may have trained and
+        written checkpoints, so such a job is never started again)."""
+        return self._start_failure_said and self.ending_at is None
 
     def give_up_in(self) -> float:
         """How long to wait for mpiexec before looking at ``overdue`` again."""
@@ -159,8 +167,8 @@ class JobReport:
         if self.ending_at is None and self._FINISHED_WITHOUT in recent:
             self.ending_at = time.monotonic()
             self.survivors_finished = True
-        if not self.start_failed and self._START_FAILED.search(recent):
-            self.start_failed = True
+        if not self._start_failure_said and self._START_FAILED.search(recent):
+            self._start_failure_said = True
         hosts = [match.group(1) for match in self._LOST.finditer(recent)]
         hosts += [match.group(1) for match in self._DAEMON_ENDED.finditer(recent)
                   if int(match.group(2)) > 128]
