@@ -197,6 +197,26 @@ def test_a_host_cut_off_ends_the_job_non_zero_naming_it(cluster, tmp_path):
     assert "(on h2) did not answer" in out, out
 
 
+def test_a_launch_onto_a_host_that_cannot_connect_back_stops_at_its_start_timeout(
+        cluster, tmp_path):
+    # the daemon starts on h2 (the launch agent reaches it) but cannot connect back to h1;
+    # mpiexec alone waits for it for good. Open MPI may instead say the daemon 'failed to
+    # report back' at once (status 0): ripplesrun then starts the job once more, bounded too.
+    subprocess.run([NETCLUSTER, "cut", "h2"], check=True, capture_output=True, timeout=30)
+    began = time.time()
+    try:
+        job = Job(["-np", "5", "-H", HOSTS, "--start-timeout", "10",
+                   sys.executable, SCRIPT, "0"], tmp_path)
+        code, out = job.finish(60)
+        took = time.time() - began
+    finally:
+        _restore("h2")
+    assert code != 0, out
+    assert took < 2 * 10 + 15, (took, out)
+    assert "did not start every rank within 10 s (--start-timeout)" in out, out
+    assert "RANK " not in out, out
+
+
 def test_a_host_cut_off_under_fault_tolerance_is_left_behind_and_stops(cluster, tmp_path):
     """h2 (rank 2 of 5) is cut off: the 4 ranks on h1 and h3 agree to go on without it
     after a stall of at most the timeout + 5 s and finish; rank 2 alone is no majority and

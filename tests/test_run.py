@@ -107,6 +107,7 @@ def test_double_dash_before_command():
     (["python", "t.py"], "-np"),
     (["-np", "4", "--compute-ms", "-1", "python"], "--compute-ms"),
     (["-np", "4", "--timeout", "0", "python"], "--timeout"),
+    (["-np", "4", "--start-timeout", "-1", "python"], "--start-timeout"),
     (["-np", "4", "--ps-servers", "4", "python"], "--ps-servers"),
     (["-np", "4", "-H", "a:x", "python"], "-H"),
     (["-np", "4", "--hostfile", "/nonexistent/hosts", "python"], "--hostfile"),
@@ -447,6 +448,42 @@ def test_a_lost_host_fails_the_job_naming_it_and_is_not_launched_again(tmp_path,
     assert "READY" in out and report.splitlines()[1] in (out if stream == 1 else err)
     assert "host(s) h2 were lost" in err
     assert "starting it once more" not in err
+
+
+PROCTABLE = """(rank, host, exe, pid) = (0, h1, /usr/bin/python, 101)
+(rank, host, exe, pid) = (1, h2, /usr/bin/python, 102)"""
+
+
+def test_a_job_whose_ranks_do_not_all_start_is_stopped_at_the_start_timeout(tmp_path, capfd):
+    """Open MPI waits for good for a daemon that cannot connect back: mpiexec never prints
+    its table of started ranks (``sleep``)."""
+    argv, tries = _stand_in_mpiexec(tmp_path, "sleep 60")
+    began = time.monotonic()
+    code = job_process.run_job(argv, dict(os.environ), start_timeout_s=1.0)
+    assert code == job_process.EXIT_NOT_STARTED != 0
+    assert time.monotonic() - began < 15
+    assert tries.read_text().count("x") == 1
+    err = capfd.readouterr().err
+    assert "did not start every rank within 1 s (--start-timeout)" in err
+    assert "starting it once more" not in err
+
+
+def test_a_job_whose_ranks_started_runs_past_the_start_timeout_without_the_table_shown(
+        tmp_path, capfd):
+    asked = tmp_path / "asked"
+    argv, _ = _stand_in_mpiexec(
+        tmp_path, f'echo "$1" > {asked}; echo before >&2; {_saying(tmp_path, PROCTABLE, 2)}; '
+        "echo after >&2; sleep 2; echo ran; exit 0", later="")
+    assert job_process.run_job(argv, dict(os.environ), start_timeout_s=0.5) == 0
+    assert asked.read_text().strip() == job_process.PROCTABLE_OPTION
+    out, err = capfd.readouterr()
+    assert out == "ran\n"
+    assert err == "before\nafter\n"
+
+
+def test_start_timeout_flag():
+    assert parse_args(["-np", "2", "x"]).start_timeout == 120
+    assert parse_args(["-np", "2", "--start-timeout", "0", "x"]).start_timeout == 0
 
 
 def test_output_passes_through_unchanged_to_the_same_stream(tmp_path, capfd):

@@ -6,7 +6,9 @@ host was lost (killed, powered off) with exit status 0, or with its daemon's sta
 report that the daemon "failed to report back" (on standard output, though the daemon had
 run the ranks); and after an ``MPI_Abort`` it may wait for good to reach the processes of a
 host cut off from the network, as it does after fault-tolerant survivors finished without
-ranks that stopped answering (``FINISHED_WITHOUT``).
+ranks that stopped answering (``FINISHED_WITHOUT``). A launch whose daemon started on a
+host but cannot connect back never starts the ranks, and mpiexec waits for it for good: a
+start bound stops it.
 """
 from __future__ import annotations
 
@@ -25,11 +27,15 @@ from ripples.comm import failures
 
 EXIT_HOST_LOST = 1
 EXIT_ABORT_STUCK = 1
+EXIT_NOT_STARTED = 1
+# Open MPI 5 prints the table of started ranks on standard error once all have started.
+PROCTABLE_OPTION = "--output-proctable=+"
 # How long mpiexec may take to stop every rank after one called MPI_Abort.
 ABORT_GRACE_S = 10.0
 
 
-def run_job(argv: List[str], env: Dict[str, str], start_retries: int = 1) -> int:
+def run_job(argv: List[str], env: Dict[str, str], start_retries: int = 1,
+            start_timeout_s: Optional[float] = None) -> int:
     """Run the job; Ctrl-C is forwarded to mpiexec, which stops the ranks.
 
     mpiexec's output passes through a ``JobReport``: a job whose host was lost (killed,
@@ -38,9 +44,16 @@ def run_job(argv: List[str], env: Dict[str, str], start_retries: int = 1) -> int
     for good to reach the processes of a host that was cut off, so mpiexec is stopped
     ``ABORT_GRACE_S`` after an abort. A launch that Open MPI's runtime failed before any
     rank ran (its listener thread or a remote daemon did not start) is made again,
-    ``start_retries`` times at most."""
+    ``start_retries`` times at most.
+
+    With ``start_timeout_s`` (Open MPI 5's mpiexec only: ``PROCTABLE_OPTION`` is added to
+    ``argv``), a job whose ranks have not all started within that many seconds is stopped
+    with status ``EXIT_NOT_STARTED``: Open MPI waits for good for a daemon that started on
+    a host but cannot connect back (a firewall, a cut link). It is not started again."""
+    if start_timeout_s is not None:
+        argv = [argv[0], PROCTABLE_OPTION, *argv[1:]]
     while True:
-        code, report = _run_once(argv, env)
+        code, report = _run_once(argv, env, start_timeout_s)
         if code == 0 or not report.start_failed or report.lost or start_retries <= 0:
             return code
         start_retries -= 1
@@ -49,12 +62,13 @@ def run_job(argv: List[str], env: Dict[str, str], start_retries: int = 1) -> int
         time.sleep(1.0)
 
 
-def _run_once(argv: List[str], env: Dict[str, str]) -> Tuple[int, "JobReport"]:
+def _run_once(argv: List[str], env: Dict[str, str],
+              start_timeout_s: Optional[float]) -> Tuple[int, "JobReport"]:
     """One mpiexec: its status as ``run_job`` reports it, and what its report saw."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    report = JobReport()
+    report = JobReport(start_timeout_s)
     copiers = [StreamCopier(proc.stdout, sys.stdout.buffer, report),
-               StreamCopier(proc.stderr, sys.stderr.buffer, report)]
+               StreamCopier(proc.stderr, sys.stderr.buffer, report, JobReport.PROCTABLE_LINE)]
     for copier in copiers:
         copier.start()
     while True:
@@ -62,6 +76,14 @@ def _run_once(argv: List[str], env: Dict[str, str]) -> Tuple[int, "JobReport"]:
             code = proc.wait(timeout=report.give_up_in())
             break
         except subprocess.TimeoutExpired:
+            if report.start_overdue():
+                print(f"ripplesrun: error: Open MPI did not start every rank within "
+                      f"{start_timeout_s:g} s (--start-timeout): a host's daemon cannot "
+                      "connect back to this host (a firewall, a cut link, another network "
+                      "interface?) or its launch hangs: stopping the job",
+                      file=sys.stderr, flush=True)
+                _stop(proc, copiers)
+                return EXIT_NOT_STARTED, report
             if not report.overdue():
                 continue
             # mpiexec still waits for ranks it cannot reach (a host cut off, a frozen rank)
@@ -73,11 +95,7 @@ def _run_once(argv: List[str], env: Dict[str, str]) -> Tuple[int, "JobReport"]:
             else:
                 print(f"ripplesrun: error: mpiexec did not end within {ABORT_GRACE_S:g} s of "
                       "MPI_Abort (a host cut off?): stopping it", file=sys.stderr, flush=True)
-            for pid in [*_descendants(proc.pid), proc.pid]:  # its remote shells too
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            code = proc.wait()
-            _join(copiers)
+            _stop(proc, copiers)
             return (0 if report.survivors_finished else EXIT_ABORT_STUCK), report
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
@@ -95,6 +113,15 @@ def _run_once(argv: List[str], env: Dict[str, str]) -> Tuple[int, "JobReport"]:
               f"{', '.join(report.lost)} were lost (Open MPI lost its daemon there: killed, "
               f"down or cut off); exit status {code}", file=sys.stderr, flush=True)
     return code, report
+
+
+def _stop(proc: subprocess.Popen, copiers: List["StreamCopier"]) -> None:
+    """Kill mpiexec and the processes below it (its remote shells too)."""
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    _join(copiers)
 
 
 def _join(copiers: List["StreamCopier"]) -> None:
@@ -119,8 +146,12 @@ def _descendants(pid: int) -> List[int]:
 
 class JobReport:
     """What mpiexec's output said about how the job ends: the hosts whose daemon Open MPI
-    lost (``lost``), whether its runtime failed before any rank ran (``start_failed``), and
-    when the job should have ended (a rank aborted it, or the survivors finished)."""
+    lost (``lost``), whether its runtime failed before any rank ran (``start_failed``),
+    whether every rank started (``started``: the table ``PROCTABLE_OPTION`` prints; only
+    looked for with a ``start_timeout_s``), and when the job should have ended (a rank
+    aborted it, or the survivors finished)."""
+
+    PROCTABLE_LINE = re.compile(rb"^\(rank, host, exe, pid\) = \([^\n]*\)\n", re.M)
 
     _LOST = re.compile(rb"lost communication with a remote daemon.*?Remote daemon:\s*\S+ "
                        rb"on node (\S+)", re.S)
@@ -136,7 +167,10 @@ class JobReport:
                                rb"daemon failed to report back")
     _FINISHED_WITHOUT = f"ripples: {failures.FINISHED_WITHOUT}".encode()
 
-    def __init__(self):
+    def __init__(self, start_timeout_s: Optional[float] = None):
+        self._start_by = (None if start_timeout_s is None
+                          else time.monotonic() + start_timeout_s)
+        self.started = False
         self.lost: List[str] = []
         self.ending_at: Optional[float] = None
         self.survivors_finished = False
@@ -152,8 +186,14 @@ class JobReport:
     def give_up_in(self) -> float:
         """How long to wait for mpiexec before looking at ``overdue`` again."""
         if self.ending_at is None:
-            return 1.0
+            return 1.0 if self._start_by is None or self.started else 0.25
         return max(0.05, self.ending_at + ABORT_GRACE_S - time.monotonic())
+
+    def start_overdue(self) -> bool:
+        """Whether the ranks should all have started by now (and no rank is known to have
+        run: one that aborted the job, or survivors that finished, show it started)."""
+        return (self._start_by is not None and not self.started and self.ending_at is None
+                and time.monotonic() >= self._start_by)
 
     def overdue(self) -> bool:
         """Whether the job should have ended over ``ABORT_GRACE_S`` ago."""
@@ -167,6 +207,8 @@ class JobReport:
         if self.ending_at is None and self._FINISHED_WITHOUT in recent:
             self.ending_at = time.monotonic()
             self.survivors_finished = True
+        if not self.started and self.PROCTABLE_LINE.search(recent):
+            self.started = True
         if not self._start_failure_said and self._START_FAILED.search(recent):
             self._start_failure_said = True
         hosts = [match.group(1) for match in self._LOST.finditer(recent)]
@@ -180,13 +222,16 @@ class JobReport:
 
 class StreamCopier(threading.Thread):
     """Copies one of mpiexec's output streams unchanged to ``sink`` as it comes (a progress
-    bar's carriage returns included) and lets ``report`` read it. A sink that was closed (a
-    pipe into ``head``) is no longer written, but the stream is still drained: mpiexec must
-    not block on a full pipe."""
+    bar's carriage returns included), but for whole lines matching ``hidden`` (the launcher's
+    own bookkeeping), and lets ``report`` read all of it. A sink that was closed (a pipe
+    into ``head``) is no longer written, but the stream is still drained: mpiexec must not
+    block on a full pipe."""
 
-    def __init__(self, source, sink, report: JobReport):
+    def __init__(self, source, sink, report: JobReport,
+                 hidden: Optional["re.Pattern[bytes]"] = None):
         super().__init__(name="ripplesrun-output", daemon=True)
         self._source, self._sink, self._report = source, sink, report
+        self._hidden = hidden
 
     def run(self) -> None:
         recent = b""  # enough of the latest output to hold one report split across reads
@@ -195,9 +240,10 @@ class StreamCopier(threading.Thread):
             chunk = os.read(self._source.fileno(), 65536)
             if not chunk:
                 break
-            if sink is not None:
+            shown = chunk if self._hidden is None else self._hidden.sub(b"", chunk)
+            if sink is not None and shown:
                 try:
-                    sink.write(chunk)
+                    sink.write(shown)
                     sink.flush()
                 except OSError:
                     sink = None

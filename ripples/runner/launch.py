@@ -8,7 +8,8 @@
 The flags follow ``horovodrun`` and ``mpirun``: ``-np``/``--np``/``-n``, ``-H``,
 ``--hostfile``, ``-x NAME[=VALUE]`` (a variable every rank gets, remote ones too; without a
 value, its value here), ``--oversubscribe``, ``--output-filename``, ``--mpi-args`` (further
-``mpiexec`` arguments), ``--timeline-filename``, ``--log-level``, ``--version``.
+``mpiexec`` arguments), ``--timeline-filename``, ``--log-level``, ``--start-timeout``,
+``--version``.
 
 Elastic restarts: ``ripplesrun -np 4 --min-np 2 --max-np 4 --fault-tolerant python
 train.py`` runs the job on 4 ranks with ``hvd.elastic`` commits written to an elastic
@@ -29,10 +30,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -50,6 +53,8 @@ __all__ = ["main", "parse_args", "build_command", "oversubscription_warning", "f
 
 # Exit status when no mpiexec can be found (the shell's "command not found").
 EXIT_NO_MPIEXEC = 127
+# Like torchrun's and Horovod's start bounds: a launch over ssh to many hosts takes seconds.
+DEFAULT_START_TIMEOUT_S = 120.0
 
 
 def find_mpiexec() -> Optional[str]:
@@ -58,6 +63,19 @@ def find_mpiexec() -> Optional[str]:
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     return shutil.which("mpiexec")
+
+
+@functools.lru_cache(maxsize=None)
+def open_mpi_major(mpiexec: str) -> Optional[int]:
+    """The major version of the Open MPI that ``mpiexec`` belongs to; None for another MPI
+    (or one that does not answer ``--version`` within 30 s)."""
+    try:
+        said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"\(Open MPI\) (\d+)\.", said)
+    return int(match.group(1)) if match else None
 
 
 def parse_hosts(spec: str) -> List[Tuple[str, int]]:
@@ -202,6 +220,12 @@ def _make_parser() -> argparse.ArgumentParser:
                         help="write per-rank metrics JSON (RIPPLES_METRICS_PATH)")
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="seconds before a blocked collective fails (RIPPLES_TIMEOUT_S)")
+    parser.add_argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S,
+                        metavar="S",
+                        help="seconds Open MPI may take to start every rank before the job "
+                             "is stopped: a host's daemon that cannot connect back (a "
+                             f"firewall, a cut link) waits for good; 0: no bound (default "
+                             f"{DEFAULT_START_TIMEOUT_S:g}; Open MPI 5's mpiexec only)")
     parser.add_argument("--ps-servers", type=int, metavar="K",
                         help="ranks that become parameter servers (RIPPLES_PS_SERVERS)")
     parser.add_argument("--ps-spare", type=int, metavar="S",
@@ -268,6 +292,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"argument --compute-ms: must be >= 0, got {args.compute_ms}")
     if args.timeout is not None and not args.timeout > 0:
         parser.error(f"argument --timeout: must be > 0 seconds, got {args.timeout}")
+    if not args.start_timeout >= 0:
+        parser.error(f"argument --start-timeout: must be >= 0 seconds (0: no bound), got "
+                     f"{args.start_timeout}")
     if args.ps_servers is not None and not 0 <= args.ps_servers < args.np:
         parser.error(f"argument --ps-servers: must be in [0, {args.np - 1}] so that at least "
                      f"one of the {args.np} ranks is a worker, got {args.ps_servers}")
@@ -427,8 +454,10 @@ def _launch(args: argparse.Namespace, mpiexec: str) -> int:
         print(f"ripplesrun: warning: {warning}", file=sys.stderr, flush=True)
     command, env = build_command(args, cpu_count, mpiexec)
     print(f"ripplesrun: {shlex.join(command)}", file=sys.stderr, flush=True)
+    bound = args.start_timeout > 0 and (open_mpi_major(mpiexec) or 0) >= 5
     try:
-        return job_process.run_job(command, env)
+        return job_process.run_job(command, env,
+                                   start_timeout_s=args.start_timeout if bound else None)
     except OSError as err:
         print(f"ripplesrun: error: cannot start {mpiexec}: {err}", file=sys.stderr)
         return EXIT_NO_MPIEXEC
