@@ -23,6 +23,8 @@ parser.add_argument("--epochs", type=int, default=5)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--lr", type=float, default=0.05, help="per rank; scaled by the ranks")
 parser.add_argument("--checkpoint", default="checkpoint.pt")
+parser.add_argument("--loader-workers", type=int, default=0,
+                    help="DataLoader worker processes (forked after init)")
 args = parser.parse_args()
 
 hvd.init()
@@ -38,7 +40,8 @@ val_x, val_y = x[order[1400:]], y[order[1400:]]
 
 train_sampler = tud.distributed.DistributedSampler(
     train_set, num_replicas=hvd.size(), rank=hvd.rank())
-train_loader = tud.DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
+train_loader = tud.DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler,
+                              num_workers=args.loader_workers)
 
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)

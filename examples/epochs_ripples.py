@@ -25,6 +25,8 @@ parser.add_argument("--epochs", type=int, default=5)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--lr", type=float, default=0.05, help="per rank; scaled by the ranks")
 parser.add_argument("--checkpoint", default="checkpoint.pt")
+parser.add_argument("--loader-workers", type=int, default=0,
+                    help="DataLoader worker processes (forked after init)")
 parser.add_argument("--sync", default="ripples",  # ripples: the mode, for comparisons
                     choices=["ripples", "adpsgd", "allreduce"])
 args = parser.parse_args()
@@ -42,7 +44,8 @@ val_x, val_y = x[order[1400:]], y[order[1400:]]
 
 train_sampler = hvd.DistributedSampler(  # ripples: each rank draws the next batches
     train_set, num_replicas=hvd.size(), rank=hvd.rank())
-train_loader = tud.DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
+train_loader = tud.DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler,
+                              num_workers=args.loader_workers)
 
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)

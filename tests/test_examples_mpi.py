@@ -12,24 +12,27 @@ from mpi_launch import REPO_DIR, TESTS_DIR, run_mpi
 SHIMS = str(TESTS_DIR / "shims")
 
 
-def run_example(script, tmp_path, epochs, env=None):
+def run_example(script, tmp_path, epochs, env=None, args=()):
     env = dict(env or {})
     env["PYTHONPATH"] = os.pathsep.join([SHIMS, str(REPO_DIR)])
     result = run_mpi([sys.executable, str(REPO_DIR / "examples" / script), "--epochs",
-                      str(epochs), "--checkpoint", str(tmp_path / "checkpoint.pt")], 2,
+                      str(epochs), "--checkpoint", str(tmp_path / "checkpoint.pt"), *args], 2,
                      timeout=180, env=env)
     return re.findall(r"^epoch (\d+) steps (\d+) val_accuracy (\S+) time \S+s$", result.stdout, re.M)
 
 
-@pytest.mark.parametrize("script,env", [
-    ("epochs_horovod.py", {}),
-    ("epochs_ripples.py", {"RIPPLES_SLOWDOWN": "1:3", "RIPPLES_COMPUTE_MS": "2"}),
+@pytest.mark.parametrize("script,env,args", [
+    ("epochs_horovod.py", {}, ()),
+    # DataLoader worker processes forked after init, beside ripples' threads; the sampler
+    # hands out batches ahead of the steps (the loader prefetches them)
+    ("epochs_ripples.py", {"RIPPLES_SLOWDOWN": "1:3", "RIPPLES_COMPUTE_MS": "2"},
+     ("--loader-workers", "2")),
 ])
-def test_epoch_script_trains_saves_and_resumes(script, env, tmp_path):
-    first = run_example(script, tmp_path, 3, env)
+def test_epoch_script_trains_saves_and_resumes(script, env, args, tmp_path):
+    first = run_example(script, tmp_path, 3, env, args)
     assert [int(e) for e, _, _ in first] == [0, 1, 2]
     assert float(first[-1][2]) > 0.85, first  # 10 classes: chance is 0.1
     assert (tmp_path / "checkpoint.pt").exists()
-    resumed = run_example(script, tmp_path, 4, env)
+    resumed = run_example(script, tmp_path, 4, env, args)
     assert [int(e) for e, _, _ in resumed] == [3]  # started after the saved epoch
     assert float(resumed[0][2]) > 0.85, resumed
