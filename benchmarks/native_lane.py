@@ -10,6 +10,7 @@ Rows, interleaved (one iteration of each in turn, every rank at once):
 - ``raw avg``: the same, then ``torch.mul_`` by 1/n: the work of an Average done by hand;
 - ``lane on``: ``ripples.torch.allreduce_`` / ``partial_allreduce_`` (op Average) once
   their call shape is planned;
+- ``lane sum``: the same with op Sum: the same work as ``raw``;
 - ``lane off``: the same calls with the lanes paused (``Lanes.pause``): the Python path,
   as with ``RIPPLES_NATIVE_LANE=0``.
 
@@ -17,7 +18,8 @@ Scenarios: ``after idle`` (a barrier, ``--idle-ms`` of sleep as after a step of 
 then one timed call of ``--bytes``; an iteration's time is the slowest rank's); ``back to
 back`` (``--burst`` calls of ``--small-bytes`` in a row, time per call); ``large`` (the same
 with ``--large-bytes``). Medians over ``--iterations``. Raw MPI's Average is a Sum: the
-rows of ripples include the scaling by 1/n, as does ``raw avg`` (its ``on/avg`` column).
+rows of ripples with op Average include the scaling by 1/n, as does ``raw avg`` (their
+``on/avg`` column); ``sum/raw`` compares like with like.
 Compute is EMULATED (sleep).
 
 Bars (BENCHMARKS.md): after idle <= 1.3x raw; back to back <= 5 us added; >= 1 MiB
@@ -43,7 +45,7 @@ from ripples.runtime import current
 
 SCENARIOS = ("after idle", "back to back", "large")
 KINDS = ("allreduce", "partial_allreduce")
-MODES = ("raw", "raw avg", "lane on", "lane off")
+MODES = ("raw", "raw avg", "lane on", "lane sum", "lane off")
 
 
 def parse_args(argv=None):
@@ -84,10 +86,12 @@ def main(argv=None) -> int:
                 tensor.mul_(1.0 / comm.Get_size())
             return
         lanes.pause(mode == "lane off")
+        op, name = ((hvd.Sum, f"bench.sum.{tensor.numel()}") if mode == "lane sum"
+                    else (hvd.Average, f"bench.{tensor.numel()}"))
         if kind == "allreduce":
-            hvd.allreduce_(tensor, name=f"bench.{tensor.numel()}")
+            hvd.allreduce_(tensor, name=name, op=op)
         else:
-            hvd.partial_allreduce_(tensor, pair, name=f"bench.{tensor.numel()}")
+            hvd.partial_allreduce_(tensor, pair, name=name, op=op)
         lanes.pause(False)
 
     times = {(s, k, m): [] for s in SCENARIOS for k in KINDS for m in MODES}
@@ -116,19 +120,20 @@ def main(argv=None) -> int:
         print(f"{size} ranks; native lane: {native_lane.status()}; medians of "
               f"{args.iterations}, slowest rank; compute EMULATED (sleep)")
         print(f"{'scenario':<13} {'collective':<18} {'bytes':>8} {'raw us':>9} {'avg us':>9} "
-              f"{'on us':>9} {'off us':>9} {'on/raw':>7} {'on/avg':>7} {'off/raw':>7} "
-              f"{'on-raw':>8}")
+              f"{'on us':>9} {'sum us':>9} {'off us':>9} {'on/raw':>7} {'on/avg':>7} "
+              f"{'sum/raw':>7} {'off/raw':>7} {'sum-raw':>8}")
         for scenario in SCENARIOS:
             for kind in KINDS:
-                raw, avg, on, off = (medians[(scenario, kind, m)] for m in MODES)
+                raw, avg, on, total, off = (medians[(scenario, kind, m)] for m in MODES)
                 rows.append({"scenario": scenario, "collective": kind,
                              "bytes": sizes[scenario], "raw_us": raw, "raw_avg_us": avg,
-                             "lane_on_us": on, "lane_off_us": off, "on_over_raw": on / raw,
-                             "on_over_raw_avg": on / avg, "off_over_raw": off / raw,
-                             "on_added_us": on - raw})
+                             "lane_on_us": on, "lane_sum_us": total, "lane_off_us": off,
+                             "on_over_raw": on / raw, "on_over_raw_avg": on / avg,
+                             "sum_over_raw": total / raw, "off_over_raw": off / raw,
+                             "on_added_us": on - raw, "sum_added_us": total - raw})
                 print(f"{scenario:<13} {kind:<18} {sizes[scenario]:>8} {raw:9.1f} {avg:9.1f} "
-                      f"{on:9.1f} {off:9.1f} {on / raw:7.2f} {on / avg:7.2f} {off / raw:7.2f} "
-                      f"{on - raw:8.1f}")
+                      f"{on:9.1f} {total:9.1f} {off:9.1f} {on / raw:7.2f} {on / avg:7.2f} "
+                      f"{total / raw:7.2f} {off / raw:7.2f} {total - raw:8.1f}")
         if args.json:
             result = {"command": " ".join(["mpiexec", "-n", str(size), "python"] + sys.argv),
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(

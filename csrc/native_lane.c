@@ -30,6 +30,7 @@ enum { RL_OK = 0, RL_RECORD_PENDING = 1, RL_NOT_UNANIMOUS = 2, RL_DATA_PENDING =
        RL_AGREED = 4, RL_MPI_ERROR = -1, RL_BAD_ARGUMENT = -2 };
 enum { IDLE = 0, RECORD = 1, DATA = 2, AGREED = 3 };
 enum { FIELDS = 6, SMALL = 128, RECORD_LENGTH = FIELDS + SMALL };
+#define STEP_MODULUS (1 << 20)
 #define BLOCKING_BYTES (64 * 1024)
 
 typedef struct {
@@ -40,9 +41,20 @@ typedef struct {
     double mine[RECORD_LENGTH];
     double summed[RECORD_LENGTH];
     int64_t plan, step;
+    int64_t steps;  /* completed rounds, equal on every member */
     void *buffer;
     int count, dtype, average;
 } rl_lane;
+
+/* A planned call's fixed arguments, kept by Python (a ctypes structure) so that the
+ * steady-state call converts two pointers: converting eight arguments through ctypes
+ * cost more than the all-reduce of a small tensor. */
+typedef struct {
+    void *lane;
+    int64_t plan;
+    int32_t count, dtype, average;
+    double first_wait_s;
+} rl_call;
 
 static double now_s(void) {
     struct timespec t;
@@ -82,6 +94,15 @@ void *rl_lane_new(void *comm_handle, int size) {
 void rl_lane_free(void *handle) { free(handle); }
 
 int rl_lane_state(void *handle) { return ((rl_lane *)handle)->state; }
+
+int64_t rl_lane_steps(void *handle) { return ((rl_lane *)handle)->steps; }
+
+/* The end of a round: OK and NOT_UNANIMOUS complete it, on every member alike. */
+static int finished(rl_lane *lane, int outcome) {
+    lane->state = IDLE;
+    lane->steps++;
+    return outcome;
+}
 
 /* Copy the six fields of the last summed record into out[FIELDS]. */
 void rl_lane_summed(void *handle, double *out) {
@@ -127,22 +148,22 @@ static void empty_slot(rl_lane *lane) {
     }
 }
 
-/* Run (or continue) one step. plan: 1..2^20-1 for a planned call, 0 for "something else"
+/* Run (or continue) one round. plan: 1..2^20-1 for a planned call, 0 for "something else"
  * (the record still counts, so every member learns that this round is not the plan's).
- * step: 0..2^20-1. buffer/count/dtype (0 float32, 1 float64)/average: the data, used when
+ * The round's step is the count of rounds completed, modulo 2^20. buffer/count/dtype (0 float32, 1 float64)/average: the data, used when
  * the record proves every member is at this step of this plan. A pending call continues
  * with what was posted; the arguments of the continuing call are ignored. Returns
  * RL_AGREED when the data must go through rl_lane_data. */
-int rl_lane_run(void *handle, int64_t plan, int64_t step, void *buffer, int count, int dtype,
-                int average, double deadline_s) {
+int rl_lane_run(void *handle, int64_t plan, void *buffer, int count, int dtype, int average,
+                double deadline_s) {
     rl_lane *lane = handle;
     int done = 0, rc;
     if (lane->state == IDLE) {
         if (dtype != 0 && dtype != 1) return RL_BAD_ARGUMENT;
-        lane->plan = plan; lane->step = step;
+        lane->plan = plan; lane->step = lane->steps % STEP_MODULUS;
         lane->buffer = buffer; lane->count = count; lane->dtype = dtype;
         lane->average = average;
-        double on = plan != 0, p = (double)plan, t = (double)step;
+        double on = plan != 0, p = (double)plan, t = (double)lane->step;
         lane->mine[0] = on; lane->mine[1] = on * p; lane->mine[2] = on * p * p;
         lane->mine[3] = t; lane->mine[4] = t * t; lane->mine[5] = 1;
         fill_slot(lane);
@@ -155,15 +176,11 @@ int rl_lane_run(void *handle, int64_t plan, int64_t step, void *buffer, int coun
         rc = wait_bounded(&lane->request, deadline_s, &done);
         if (rc != MPI_SUCCESS) return RL_MPI_ERROR;
         if (!done) return RL_RECORD_PENDING;
-        if (!unanimous(lane)) {
-            lane->state = IDLE;
-            return RL_NOT_UNANIMOUS;
-        }
+        if (!unanimous(lane)) return finished(lane, RL_NOT_UNANIMOUS);
         if (lane->count <= SMALL) {
             empty_slot(lane);
             scale(lane);
-            lane->state = IDLE;
-            return RL_OK;
+            return finished(lane, RL_OK);
         }
         if ((size_t)lane->count * element_size(lane) >= BLOCKING_BYTES) {
             lane->state = AGREED;
@@ -180,8 +197,7 @@ int rl_lane_run(void *handle, int64_t plan, int64_t step, void *buffer, int coun
         if (rc != MPI_SUCCESS) return RL_MPI_ERROR;
         if (!done) return RL_DATA_PENDING;
         scale(lane);
-        lane->state = IDLE;
-        return RL_OK;
+        return finished(lane, RL_OK);
     }
     if (lane->state == AGREED) return RL_AGREED;
     return RL_BAD_ARGUMENT;
@@ -194,8 +210,18 @@ int rl_lane_data(void *handle) {
     if (lane->state != AGREED) return RL_BAD_ARGUMENT;
     MPI_Datatype type = lane->dtype == 0 ? MPI_FLOAT : MPI_DOUBLE;
     int rc = MPI_Allreduce(MPI_IN_PLACE, lane->buffer, lane->count, type, MPI_SUM, lane->comm);
-    lane->state = IDLE;
-    if (rc != MPI_SUCCESS) return RL_MPI_ERROR;
+    if (rc != MPI_SUCCESS) {
+        lane->state = IDLE;
+        return RL_MPI_ERROR;
+    }
     scale(lane);
-    return RL_OK;
+    return finished(lane, RL_OK);
+}
+
+/* A planned call in the steady state: a new round of `call`'s plan on `buffer`. */
+int rl_lane_call(const rl_call *call, void *buffer) {
+    rl_lane *lane = call->lane;
+    if (lane->state != IDLE) return RL_BAD_ARGUMENT;
+    return rl_lane_run(lane, call->plan, buffer, call->count, call->dtype, call->average,
+                       call->first_wait_s);
 }

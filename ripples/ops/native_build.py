@@ -103,11 +103,15 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rl_lane_new.argtypes = [ctypes.c_void_p, ctypes.c_int]
                 lib.rl_lane_free.argtypes = [ctypes.c_void_p]
                 lib.rl_lane_run.restype = ctypes.c_int
-                lib.rl_lane_run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                            ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                            ctypes.c_int, ctypes.c_double]
+                lib.rl_lane_run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                            ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                            ctypes.c_double]
                 lib.rl_lane_data.restype = ctypes.c_int
                 lib.rl_lane_data.argtypes = [ctypes.c_void_p]
+                lib.rl_lane_call.restype = ctypes.c_int
+                lib.rl_lane_call.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+                lib.rl_lane_steps.restype = ctypes.c_int64
+                lib.rl_lane_steps.argtypes = [ctypes.c_void_p]
                 _library = lib
             except Exception as exc:  # the Python path runs everything
                 _library_error = str(exc)

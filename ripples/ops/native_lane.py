@@ -32,6 +32,7 @@ equal on all ranks. Where the library cannot be built, the Python path runs ever
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 import time
 import zlib
@@ -76,17 +77,19 @@ def status(config: Optional[Config] = None) -> str:
 class Lane:
     """A group's duplicate communicator and the C state of its record rounds.
 
-    ``step`` counts completed record rounds (equal on every member); ``owed`` is set when a
-    planned call's record round ended "not the plan": the next control round on the group
-    is then already settled. ``busy`` while a request of the C state is pending."""
+    ``step`` counts completed record rounds (equal on every member; the C state counts them);
+    ``owed`` is set when a planned call's record round ended "not the plan": the next
+    control round on the group is then already settled. ``busy`` while a request of the C
+    state is pending."""
 
-    __slots__ = ("group", "comm", "handle", "step", "owed", "busy", "broken", "generation",
-                 "others", "keep", "_announced", "_notes", "_heard", "_run", "_data")
+    __slots__ = ("group", "comm", "handle", "owed", "busy", "broken", "generation",
+                 "others", "keep", "_announced", "_notes", "_heard", "_run", "_data", "_call",
+                 "_steps")
 
     def __init__(self, group, comm: MPI.Comm, handle: int, generation: int, rank: int,
                  lib=None):
         self.group, self.comm, self.handle, self.generation = group, comm, handle, generation
-        self.step, self.owed, self.busy, self.broken = 0, False, False, False
+        self.owed, self.busy, self.broken = False, False, False
         self.others = [m for m in group if m != rank]
         self.keep = None  # the tensor a pending data phase writes into
         self._announced = -1  # the step this member told the others it waits in
@@ -94,6 +97,12 @@ class Lane:
         self._heard: Dict[int, set] = {}
         self._run = lib.rl_lane_run if lib is not None else None
         self._data = lib.rl_lane_data if lib is not None else None
+        self._call = lib.rl_lane_call if lib is not None else None
+        self._steps = lib.rl_lane_steps if lib is not None else None
+
+    @property
+    def step(self) -> int:
+        return self._steps(self.handle)
 
     # Who is absent from a record round (slow path only): a member that has waited a while
     # tells the others so; whoever has not told is named when the wait gives up.
@@ -126,9 +135,14 @@ class Lane:
 
     def run(self, plan: int, pointer: int, count: int, dtype: int, average: int,
             wait_s: float) -> int:
-        code = self._run(self.handle, plan, self.step % _MODULUS, pointer, count,
-                                    dtype, average, wait_s)
-        return self._outcome(code)
+        return self._outcome(self._run(self.handle, plan, pointer, count, dtype, average,
+                                       wait_s))
+
+    def call(self, arguments: int, pointer: int) -> int:
+        """A new round of a planned call (``arguments``: the address of its ``_CallArguments``)
+        on the tensor at ``pointer``."""
+        code = self._call(arguments, pointer)
+        return code if code == OK else self._outcome(code)
 
     def data(self) -> int:
         """The blocking data phase of an agreed step (``AGREED``)."""
@@ -141,7 +155,6 @@ class Lane:
                                f"set {ENV}=0 to run without it")
         self.busy = code in (RECORD_PENDING, DATA_PENDING, AGREED)
         if code in (OK, NOT_UNANIMOUS):
-            self.step += 1
             self.keep = None
         return code
 
@@ -260,6 +273,7 @@ class Lanes:
 
     def close(self) -> None:
         for lane in self._by_group.values():
+            lane.broken = True  # plans still holding it must not call it
             if lane is not _OFF and not lane.busy:
                 library().rl_lane_free(lane.handle)
         self._by_group.clear()
@@ -283,9 +297,16 @@ def _eligible_wire(wire: str) -> bool:
 
 # ------------------------------------------------------------------ planned calls
 
+class _CallArguments(ctypes.Structure):
+    """``rl_call`` of ``csrc/native_lane.c``: a plan's fixed arguments, in C."""
+    _fields_ = [("lane", ctypes.c_void_p), ("plan", ctypes.c_int64), ("count", ctypes.c_int32),
+                ("dtype", ctypes.c_int32), ("average", ctypes.c_int32),
+                ("first_wait_s", ctypes.c_double)]
+
+
 class _Plan:
     __slots__ = ("lane", "plan", "dtype", "average", "numel", "owner", "group", "what", "name",
-                 "away", "holds")
+                 "away", "holds", "arguments", "address")
 
 
 _plans: Dict[tuple, _Plan] = {}
@@ -312,8 +333,7 @@ def run_planned(key: tuple, tensor: torch.Tensor) -> bool:
     if plan.away and rt.away_hooks:
         rt.left_training_step()
     try:
-        code = lane.run(plan.plan, tensor.data_ptr(), plan.numel, plan.dtype, plan.average,
-                        _FIRST_WAIT_S)
+        code = lane.call(plan.address, tensor.data_ptr())
         if code == OK:
             return True
         if code == NOT_UNANIMOUS:
@@ -385,6 +405,9 @@ def register(key: tuple, tensor: torch.Tensor, group, what: str, name, average: 
     plan.group, plan.what, plan.name = tuple(group), what, name
     text = repr((what, name, tuple(group), str(tensor.dtype), tensor.numel(), bool(average)))
     plan.plan = zlib.crc32(text.encode()) % (_MODULUS - 1) + 1
+    plan.arguments = _CallArguments(lane.handle, plan.plan, plan.numel, plan.dtype,
+                                    plan.average, _FIRST_WAIT_S)
+    plan.address = ctypes.addressof(plan.arguments)
     if len(_plans) > _MAX_PLANS:
         _plans.clear()
     _plans[key] = plan

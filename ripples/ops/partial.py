@@ -58,7 +58,7 @@ def partial_allreduce_(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.A
     if type(group) is not tuple or not isinstance(tensor, torch.Tensor):
         run_here(lambda: grouped_partial_allreduce_async_([tensor], group, op, name))
         return tensor
-    key = (WHAT, group, id(op), name, tensor.dtype, tensor.shape)
+    key = (WHAT, group, id(op), name, tensor.dtype, tensor.numel())
     if native_lane.run_planned(key, tensor):
         return tensor
     run_here(lambda: grouped_partial_allreduce_async_([tensor], group, op, name))
