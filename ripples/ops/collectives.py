@@ -122,7 +122,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
         return run_here(lambda: allreduce_async_(tensor, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
     key = ("allreduce", id(process_set), name, id(op), average, prescale_factor,
-           postscale_factor, tensor.dtype, tensor.numel())
+           postscale_factor, tensor.dtype, tensor.shape)
     if native_lane.run_planned(key, tensor):
         return tensor
     result = run_here(lambda: allreduce_async_(tensor, average, name, op, prescale_factor,

@@ -403,7 +403,9 @@ def register(key: tuple, tensor: torch.Tensor, group, what: str, name, average: 
     plan.away = what == "allreduce"  # a collective of the script (see Runtime.away_hooks)
     plan.dtype, plan.average, plan.numel = _DTYPES[tensor.dtype], int(average), tensor.numel()
     plan.group, plan.what, plan.name = tuple(group), what, name
-    text = repr((what, name, tuple(group), str(tensor.dtype), tensor.numel(), bool(average)))
+    # the shape too: members on one plan id hold tensors that the Python path would accept
+    text = repr((what, name, tuple(group), str(tensor.dtype), tuple(tensor.shape),
+                 bool(average)))
     plan.plan = zlib.crc32(text.encode()) % (_MODULUS - 1) + 1
     plan.arguments = _CallArguments(lane.handle, plan.plan, plan.numel, plan.dtype,
                                     plan.average, _FIRST_WAIT_S)

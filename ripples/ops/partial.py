@@ -55,10 +55,12 @@ def partial_allreduce_(tensor: torch.Tensor, group: Iterable[int], op=ReduceOp.A
     """P-Reduce ``tensor`` in place over ``group`` and return it (see the module doc).
     A call repeated with the same group and shape runs through the native lane when it can
     (``ripples.ops.native_lane``)."""
+    if type(group) is list:
+        group = tuple(group)
     if type(group) is not tuple or not isinstance(tensor, torch.Tensor):
         run_here(lambda: grouped_partial_allreduce_async_([tensor], group, op, name))
         return tensor
-    key = (WHAT, group, id(op), name, tensor.dtype, tensor.numel())
+    key = (WHAT, group, id(op), name, tensor.dtype, tensor.shape)
     if native_lane.run_planned(key, tensor):
         return tensor
     run_here(lambda: grouped_partial_allreduce_async_([tensor], group, op, name))

@@ -102,6 +102,33 @@ def test_a_shape_mismatch_on_a_planned_call_raises_as_before():
     assert torch.equal(x, torch.ones(64))
 
 
+def test_a_shape_mismatch_of_equal_size_between_two_planned_shapes_raises():
+    square, flat = torch.ones(8, 8), torch.ones(4, 16)
+    for _ in range(WARM_UP):
+        hvd.allreduce_(square, name="reshaped")
+    for _ in range(WARM_UP):
+        hvd.allreduce_(flat, name="reshaped")
+    with pytest.raises(MismatchError, match="reshaped"):
+        hvd.allreduce_(square if hvd.rank() == 0 else flat, name="reshaped")
+    hvd.allreduce_(flat, name="reshaped")
+    assert torch.equal(flat, torch.ones(4, 16))
+
+
+def test_a_group_given_as_a_list_is_planned_too():
+    if not built():
+        pytest.skip(f"native lane: {native_lane.status()}")
+    x = torch.full((300,), float(hvd.rank()))
+    if hvd.rank() in (0, 1):
+        for _ in range(WARM_UP):
+            x.fill_(float(hvd.rank()))
+            hvd.partial_allreduce_(x, [0, 1])
+        x.fill_(float(hvd.rank()))
+        calls = python_calls(lambda: hvd.partial_allreduce_(x, [0, 1]))
+        assert calls <= MAX_PYTHON_CALLS, calls
+        assert torch.equal(x, torch.full((300,), 0.5))
+    hvd.barrier()
+
+
 def test_a_name_mismatch_on_a_planned_call_raises_as_before():
     x = torch.ones(64)
     for _ in range(WARM_UP):
