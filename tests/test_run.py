@@ -1,6 +1,9 @@
 """ripplesrun: argument validation and command building without launching, plus real launches."""
+import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -9,7 +12,7 @@ import time
 import pytest
 
 import ripples
-from ripples.runner import job_process
+from ripples.runner import job_process, leftovers
 from ripples.runner.launch import (build_command, hostfile_slots, oversubscription_warning,
                                    parse_args, parse_env_spec, parse_hosts)
 
@@ -479,6 +482,36 @@ def test_a_job_whose_ranks_started_runs_past_the_start_timeout_without_the_table
     out, err = capfd.readouterr()
     assert out == "ran\n"
     assert err == "before\nafter\n"
+
+
+def test_ranks_of_this_host_alive_after_mpiexec_ended_are_killed_and_named(tmp_path, capfd):
+    """mpiexec gave up on a frozen rank and ended without it: that rank, found in the table
+    of started ranks, is killed. A process in another host's row is not touched."""
+    pids = tmp_path / "pids"
+    host = socket.gethostname()
+    argv, _ = _stand_in_mpiexec(tmp_path, f"""sleep 300 >/dev/null 2>&1 & left=$!
+sleep 300 >/dev/null 2>&1 & other=$!
+echo "$left $other" > {pids}
+echo "(rank, host, exe, pid) = (0, {host}, /bin/sleep, $left)" >&2
+echo "(rank, host, exe, pid) = (1, elsewhere, /bin/sleep, $other)" >&2
+sleep 0.5
+exit 1""", later="")
+    code = job_process.run_job(argv, dict(os.environ), start_timeout_s=30.0)
+    left, other = map(int, pids.read_text().split())
+    try:
+        assert code == 1
+        end = time.monotonic() + 5
+        while leftovers.start_ticks(left) is not None and time.monotonic() < end:
+            time.sleep(0.05)
+        assert leftovers.start_ticks(left) is None  # gone (or a zombie until reaped)
+        assert leftovers.start_ticks(other) is not None
+        err = capfd.readouterr().err
+        assert f"rank 0 (pid {left}) of this host outlived mpiexec" in err, err
+        assert str(other) not in err
+    finally:
+        for pid in (left, other):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_start_timeout_flag():

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ripples.comm import failures
+from ripples.runner.leftovers import LocalRanks
 
 EXIT_HOST_LOST = 1
 EXIT_ABORT_STUCK = 1
@@ -49,11 +50,17 @@ def run_job(argv: List[str], env: Dict[str, str], start_retries: int = 1,
     With ``start_timeout_s`` (Open MPI 5's mpiexec only: ``PROCTABLE_OPTION`` is added to
     ``argv``), a job whose ranks have not all started within that many seconds is stopped
     with status ``EXIT_NOT_STARTED``: Open MPI waits for good for a daemon that started on
-    a host but cannot connect back (a firewall, a cut link). It is not started again."""
+    a host but cannot connect back (a firewall, a cut link). It is not started again. The
+    same table names the ranks of this host: any still alive once mpiexec has ended are
+    killed (``ripples.runner.leftovers``)."""
     if start_timeout_s is not None:
         argv = [argv[0], PROCTABLE_OPTION, *argv[1:]]
     while True:
         code, report = _run_once(argv, env, start_timeout_s)
+        left = report.local_ranks.end_leftovers()
+        if left:
+            print(f"ripplesrun: {', '.join(left)} of this host outlived mpiexec (frozen or "
+                  "blocked for good): killed", file=sys.stderr, flush=True)
         if code == 0 or not report.start_failed or report.lost or start_retries <= 0:
             return code
         start_retries -= 1
@@ -175,6 +182,7 @@ class JobReport:
         self.ending_at: Optional[float] = None
         self.survivors_finished = False
         self._start_failure_said = False
+        self.local_ranks = LocalRanks()
 
     @property
     def start_failed(self) -> bool:
@@ -207,8 +215,9 @@ class JobReport:
         if self.ending_at is None and self._FINISHED_WITHOUT in recent:
             self.ending_at = time.monotonic()
             self.survivors_finished = True
-        if not self.started and self.PROCTABLE_LINE.search(recent):
+        if self.PROCTABLE_LINE.search(recent):
             self.started = True
+            self.local_ranks.read(recent)
         if not self._start_failure_said and self._START_FAILED.search(recent):
             self._start_failure_said = True
         hosts = [match.group(1) for match in self._LOST.finditer(recent)]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
+import math
 import os
 import re
 import shlex
@@ -454,10 +455,12 @@ def _launch(args: argparse.Namespace, mpiexec: str) -> int:
         print(f"ripplesrun: warning: {warning}", file=sys.stderr, flush=True)
     command, env = build_command(args, cpu_count, mpiexec)
     print(f"ripplesrun: {shlex.join(command)}", file=sys.stderr, flush=True)
-    bound = args.start_timeout > 0 and (open_mpi_major(mpiexec) or 0) >= 5
+    # Open MPI 5's table of started ranks bounds the start and names the ranks to clean up
+    # after mpiexec; --start-timeout 0 keeps the table, without a bound.
+    table = (open_mpi_major(mpiexec) or 0) >= 5
     try:
-        return job_process.run_job(command, env,
-                                   start_timeout_s=args.start_timeout if bound else None)
+        return job_process.run_job(command, env, start_timeout_s=(
+            (args.start_timeout or math.inf) if table else None))
     except OSError as err:
         print(f"ripplesrun: error: cannot start {mpiexec}: {err}", file=sys.stderr)
         return EXIT_NO_MPIEXEC

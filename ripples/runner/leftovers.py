@@ -1,0 +1,66 @@
+"""Rank processes that outlive mpiexec: ``ripplesrun`` kills them and says so.
+
+mpiexec normally ends after every rank it started. When it ends first (it gave up on a
+rank that was frozen when the job was aborted, or ``ripplesrun`` stopped it), such a rank
+is left behind, blocked for good in a call whose peers are gone, holding its memory and
+devices. Open MPI 5's table of started ranks (``--output-proctable``) names each rank's
+host and process id; the ranks of this host that are still alive once mpiexec has ended
+are killed. A process is identified by its id and its start time (``/proc``), so that an
+id reused by another process is never touched. Linux only: elsewhere nothing is found.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+from pathlib import Path
+from typing import Dict, List, Optional
+
+PROCTABLE_ENTRY = re.compile(rb"^\(rank, host, exe, pid\) = \((\d+), ([^,\s]+), [^\n]*, "
+                             rb"(\d+)\)$", re.M)
+
+
+def start_ticks(pid: int) -> Optional[int]:
+    """When process ``pid`` started (clock ticks since boot), or None if there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] == "Z":  # exited, not yet reaped by its parent
+        return None
+    return int(fields[19])
+
+
+def is_this_host(host: str) -> bool:
+    names = {socket.gethostname(), socket.gethostname().split(".")[0], "localhost"}
+    return host in names or host.split(".")[0] in names
+
+
+class LocalRanks:
+    """The ranks of this host seen in mpiexec's table of started ranks, by process id."""
+
+    def __init__(self):
+        self._started: Dict[int, Optional[int]] = {}  # pid -> start ticks when first seen
+        self._ranks: Dict[int, int] = {}  # pid -> rank
+
+    def read(self, output: bytes) -> None:
+        """Take in the table's lines found in ``output`` (lines seen before are skipped)."""
+        for match in PROCTABLE_ENTRY.finditer(output):
+            pid = int(match.group(3))
+            if pid in self._started or not is_this_host(match.group(2).decode(errors="replace")):
+                continue
+            self._started[pid] = start_ticks(pid)
+            self._ranks[pid] = int(match.group(1))
+
+    def end_leftovers(self) -> List[str]:
+        """Kill (SIGKILL) the ranks still alive; returns "rank R (pid P)" for each."""
+        ended = []
+        for pid, started in self._started.items():
+            if started is None or start_ticks(pid) != started:
+                continue
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                ended.append(f"rank {self._ranks[pid]} (pid {pid})")
+        return ended
