@@ -6,10 +6,11 @@
 Rows, interleaved (one iteration of each in turn, every rank at once):
 
 - ``raw``: mpi4py ``Allreduce`` in place on a duplicate of the world (``allreduce``) or
-  on a ``Split`` communicator of disjoint pairs of ranks (``partial_allreduce``);
+  on a ``Split`` communicator of disjoint pairs of ranks (``partial_allreduce``); into a
+  new tensor for ``allreduce, new tensor``;
 - ``raw avg``: the same, then ``torch.mul_`` by 1/n: the work of an Average done by hand;
-- ``lane on``: ``ripples.torch.allreduce_`` / ``partial_allreduce_`` (op Average) once
-  their call shape is planned;
+- ``lane on``: ``ripples.torch.allreduce_`` / ``partial_allreduce_`` / ``allreduce`` (op
+  Average) once their call shape is planned;
 - ``lane sum``: the same with op Sum: the same work as ``raw``;
 - ``lane off``: the same calls with the lanes paused (``Lanes.pause``): the Python path,
   as with ``RIPPLES_NATIVE_LANE=0``.
@@ -44,7 +45,7 @@ from ripples.ops import native_lane
 from ripples.runtime import current
 
 SCENARIOS = ("after idle", "back to back", "large")
-KINDS = ("allreduce", "partial_allreduce")
+KINDS = ("allreduce", "partial_allreduce", "allreduce, new tensor")
 MODES = ("raw", "raw avg", "lane on", "lane sum", "lane off")
 
 
@@ -80,8 +81,13 @@ def main(argv=None) -> int:
 
     def call(kind, mode, tensor):
         if mode in ("raw", "raw avg"):
-            comm = dup if kind == "allreduce" else pair_comm
-            comm.Allreduce(MPI.IN_PLACE, tensor.numpy())
+            comm = pair_comm if kind == "partial_allreduce" else dup
+            if kind == "allreduce, new tensor":
+                result = torch.empty_like(tensor)
+                comm.Allreduce(tensor.numpy(), result.numpy())
+                tensor = result
+            else:
+                comm.Allreduce(MPI.IN_PLACE, tensor.numpy())
             if mode == "raw avg":
                 tensor.mul_(1.0 / comm.Get_size())
             return
@@ -90,6 +96,8 @@ def main(argv=None) -> int:
                     else (hvd.Average, f"bench.{tensor.numel()}"))
         if kind == "allreduce":
             hvd.allreduce_(tensor, name=name, op=op)
+        elif kind == "allreduce, new tensor":
+            hvd.allreduce(tensor, name=name + ".new", op=op)
         else:
             hvd.partial_allreduce_(tensor, pair, name=name, op=op)
         lanes.pause(False)
@@ -119,7 +127,7 @@ def main(argv=None) -> int:
         rows = []
         print(f"{size} ranks; native lane: {native_lane.status()}; medians of "
               f"{args.iterations}, slowest rank; compute EMULATED (sleep)")
-        print(f"{'scenario':<13} {'collective':<18} {'bytes':>8} {'raw us':>9} {'avg us':>9} "
+        print(f"{'scenario':<13} {'collective':<22} {'bytes':>8} {'raw us':>9} {'avg us':>9} "
               f"{'on us':>9} {'sum us':>9} {'off us':>9} {'on/raw':>7} {'on/avg':>7} "
               f"{'sum/raw':>7} {'off/raw':>7} {'sum-raw':>8}")
         for scenario in SCENARIOS:
@@ -131,7 +139,7 @@ def main(argv=None) -> int:
                              "on_over_raw": on / raw, "on_over_raw_avg": on / avg,
                              "sum_over_raw": total / raw, "off_over_raw": off / raw,
                              "on_added_us": on - raw, "sum_added_us": total - raw})
-                print(f"{scenario:<13} {kind:<18} {sizes[scenario]:>8} {raw:9.1f} {avg:9.1f} "
+                print(f"{scenario:<13} {kind:<22} {sizes[scenario]:>8} {raw:9.1f} {avg:9.1f} "
                       f"{on:9.1f} {total:9.1f} {off:9.1f} {on / raw:7.2f} {on / avg:7.2f} "
                       f"{total / raw:7.2f} {off / raw:7.2f} {total - raw:8.1f}")
         if args.json:

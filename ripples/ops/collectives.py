@@ -127,12 +127,18 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
         return tensor
     result = run_here(lambda: allreduce_async_(tensor, average, name, op, prescale_factor,
                                               postscale_factor, process_set))
-    if prescale_factor == 1.0 and postscale_factor == 1.0:
+    _plan_next(key, result, average, name, op, prescale_factor, postscale_factor, process_set)
+    return result
+
+
+def _plan_next(key, result, average, name, op, prescale, postscale, process_set) -> None:
+    """After an all-reduce of ``key``'s shape ran through Python: plan the next ones on the
+    native lane where they fit (``native_lane.register``)."""
+    if prescale == 1.0 and postscale == 1.0:
         reduce_op = resolve_op(op, average)
         if reduce_op in (ReduceOp.SUM, ReduceOp.AVERAGE):
-            native_lane.register(key, tensor, process_set.group(), "allreduce", name,
+            native_lane.register(key, result, process_set.group(), "allreduce", name,
                                  reduce_op is ReduceOp.AVERAGE, holds=(process_set, op))
-    return result
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
@@ -140,10 +146,22 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     """All-reduce into a new tensor (default op: Average). ``compression`` as in Horovod.
 
     Integer tensors reduce exactly; Average and scaling factors on them are applied as in
-    Horovod (product computed in float64, truncated toward zero)."""
-    return _with_compression(compression, [_check_tensor(tensor)], lambda ts: [run_here(
-        lambda: allreduce_async(ts[0], average, name, op, prescale_factor, postscale_factor,
-                                process_set))])[0]
+    Horovod (product computed in float64, truncated toward zero). A call repeated with the
+    same shape (no compression) runs through the native lane when it can, as
+    ``allreduce_`` does: the per-step metric all-reduce of a training loop."""
+    if compression is not None or not isinstance(tensor, torch.Tensor):
+        return _with_compression(compression, [_check_tensor(tensor)], lambda ts: [run_here(
+            lambda: allreduce_async(ts[0], average, name, op, prescale_factor,
+                                    postscale_factor, process_set))])[0]
+    key = ("allreduce", id(process_set), name, id(op), average, prescale_factor,
+           postscale_factor, tensor.dtype, tensor.shape)
+    result = native_lane.run_planned_into(key, tensor)
+    if result is not None:
+        return result
+    result = run_here(lambda: allreduce_async(tensor, average, name, op, prescale_factor,
+                                              postscale_factor, process_set))
+    _plan_next(key, result, average, name, op, prescale_factor, postscale_factor, process_set)
+    return result
 
 
 class SparseHandle(Handle):

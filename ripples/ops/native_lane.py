@@ -348,6 +348,15 @@ def run_planned(key: tuple, tensor: torch.Tensor) -> bool:
         engine._comm_lock.release()
 
 
+def run_planned_into(key: tuple, tensor: torch.Tensor) -> Optional[torch.Tensor]:
+    """``run_planned`` on a copy of ``tensor``: the reduced copy, or None when the call
+    must take the Python path (``tensor`` is left as it was)."""
+    if key not in _plans or tensor.is_cuda or tensor.requires_grad:
+        return None
+    output = tensor.clone(memory_format=torch.contiguous_format)
+    return output if run_planned(key, output) else None
+
+
 def _wait(rt, plan: _Plan, lane: Lane) -> int:
     """The long wait of a planned call (peers late, or a long data phase), under the
     liveness rules; the data phase is watched as the Python path's is."""

@@ -114,6 +114,20 @@ def test_a_shape_mismatch_of_equal_size_between_two_planned_shapes_raises():
     assert torch.equal(flat, torch.ones(4, 16))
 
 
+def test_steady_out_of_place_allreduce_makes_few_python_calls_and_keeps_its_input():
+    if not built():
+        pytest.skip(f"native lane: {native_lane.status()}")
+    loss = torch.full((1,), float(hvd.rank()), dtype=torch.float64)
+    for _ in range(WARM_UP):
+        hvd.allreduce(loss, name="loss")
+    hvd.barrier()
+    out = []
+    calls = python_calls(lambda: out.append(hvd.allreduce(loss, name="loss")))
+    assert calls <= MAX_PYTHON_CALLS, calls
+    assert out[0].item() == sum(range(hvd.size())) / hvd.size()
+    assert loss.item() == hvd.rank() and out[0].data_ptr() != loss.data_ptr()
+
+
 def test_a_group_given_as_a_list_is_planned_too():
     if not built():
         pytest.skip(f"native lane: {native_lane.status()}")
