@@ -42,6 +42,7 @@ typedef struct {
     double summed[RECORD_LENGTH];
     int64_t plan, step;
     int64_t steps;  /* completed rounds, equal on every member */
+    int mpi_error;  /* the MPI error code of the last RL_MPI_ERROR */
     void *buffer;
     int count, dtype, average;
 } rl_lane;
@@ -96,6 +97,16 @@ void rl_lane_free(void *handle) { free(handle); }
 int rl_lane_state(void *handle) { return ((rl_lane *)handle)->state; }
 
 int64_t rl_lane_steps(void *handle) { return ((rl_lane *)handle)->steps; }
+
+int rl_lane_mpi_error(void *handle) { return ((rl_lane *)handle)->mpi_error; }
+
+/* An MPI call failed (a member died, the communicator was revoked): the lane is done; the
+ * code tells Python which failure it was. */
+static int failed(rl_lane *lane, int mpi_error) {
+    lane->state = IDLE;
+    lane->mpi_error = mpi_error;
+    return RL_MPI_ERROR;
+}
 
 /* The end of a round: OK and NOT_UNANIMOUS complete it, on every member alike. */
 static int finished(rl_lane *lane, int outcome) {
@@ -169,12 +180,12 @@ int rl_lane_run(void *handle, int64_t plan, void *buffer, int count, int dtype, 
         fill_slot(lane);
         rc = MPI_Iallreduce(lane->mine, lane->summed, RECORD_LENGTH, MPI_DOUBLE, MPI_SUM,
                             lane->comm, &lane->request);
-        if (rc != MPI_SUCCESS) return RL_MPI_ERROR;
+        if (rc != MPI_SUCCESS) return failed(lane, rc);
         lane->state = RECORD;
     }
     if (lane->state == RECORD) {
         rc = wait_bounded(&lane->request, deadline_s, &done);
-        if (rc != MPI_SUCCESS) return RL_MPI_ERROR;
+        if (rc != MPI_SUCCESS) return failed(lane, rc);
         if (!done) return RL_RECORD_PENDING;
         if (!unanimous(lane)) return finished(lane, RL_NOT_UNANIMOUS);
         if (lane->count <= SMALL) {
@@ -189,12 +200,12 @@ int rl_lane_run(void *handle, int64_t plan, void *buffer, int count, int dtype, 
         MPI_Datatype type = lane->dtype == 0 ? MPI_FLOAT : MPI_DOUBLE;
         rc = MPI_Iallreduce(MPI_IN_PLACE, lane->buffer, lane->count, type, MPI_SUM,
                             lane->comm, &lane->request);
-        if (rc != MPI_SUCCESS) return RL_MPI_ERROR;
+        if (rc != MPI_SUCCESS) return failed(lane, rc);
         lane->state = DATA;
     }
     if (lane->state == DATA) {
         rc = wait_bounded(&lane->request, deadline_s, &done);
-        if (rc != MPI_SUCCESS) return RL_MPI_ERROR;
+        if (rc != MPI_SUCCESS) return failed(lane, rc);
         if (!done) return RL_DATA_PENDING;
         scale(lane);
         return finished(lane, RL_OK);
@@ -210,10 +221,7 @@ int rl_lane_data(void *handle) {
     if (lane->state != AGREED) return RL_BAD_ARGUMENT;
     MPI_Datatype type = lane->dtype == 0 ? MPI_FLOAT : MPI_DOUBLE;
     int rc = MPI_Allreduce(MPI_IN_PLACE, lane->buffer, lane->count, type, MPI_SUM, lane->comm);
-    if (rc != MPI_SUCCESS) {
-        lane->state = IDLE;
-        return RL_MPI_ERROR;
-    }
+    if (rc != MPI_SUCCESS) return failed(lane, rc);
     scale(lane);
     return finished(lane, RL_OK);
 }

@@ -132,7 +132,8 @@ class Runtime:
             hook(group)
 
     def at_shutdown(self, closer: Callable[[], None]) -> None:
-        """Run ``closer`` at ``shutdown()``, before communicators are released (last in, first run)."""
+        """Run ``closer`` at ``shutdown()``, before communicators are released (last in, first
+        run)."""
         self._closers.append(closer)
 
     def cancel_at_shutdown(self, closer: Callable[[], None]) -> None:
@@ -260,6 +261,8 @@ class Runtime:
         if self.cache is not None:
             comms += self.cache.comms()
         comms += [reducer.comm for reducer in list(self.reducers)]
+        if self.engine is not None:
+            comms += self.engine.lanes.comms()
         failures.revoke(comms)
 
     def _left_behind(self, silent: List[int]) -> None:

@@ -84,7 +84,7 @@ class Lane:
 
     __slots__ = ("group", "comm", "handle", "owed", "busy", "broken", "generation",
                  "others", "keep", "_announced", "_notes", "_heard", "_run", "_data", "_call",
-                 "_steps")
+                 "_steps", "_mpi_error")
 
     def __init__(self, group, comm: MPI.Comm, handle: int, generation: int, rank: int,
                  lib=None):
@@ -99,6 +99,7 @@ class Lane:
         self._data = lib.rl_lane_data if lib is not None else None
         self._call = lib.rl_lane_call if lib is not None else None
         self._steps = lib.rl_lane_steps if lib is not None else None
+        self._mpi_error = lib.rl_lane_mpi_error if lib is not None else None
 
     @property
     def step(self) -> int:
@@ -151,8 +152,11 @@ class Lane:
     def _outcome(self, code: int) -> int:
         if code < 0:
             self.broken = True
-            raise RipplesError(f"the native lane of group {self.group} failed (MPI error); "
-                               f"set {ENV}=0 to run without it")
+            # The MPI error as the cause: a member's death, or the communicator revoked
+            # after one, is then recovered from under fault tolerance (Runtime.raised).
+            cause = MPI.Exception(self._mpi_error(self.handle)) if code == -1 else None
+            raise RipplesError(f"the native lane of group {self.group} failed ({cause or code}); "
+                               f"set {ENV}=0 to run without it") from cause
         self.busy = code in (RECORD_PENDING, DATA_PENDING, AGREED)
         if code in (OK, NOT_UNANIMOUS):
             self.keep = None
@@ -271,6 +275,10 @@ class Lanes:
         handle = lib.rl_lane_new(MPI._addressof(comm), comm.Get_size())
         self._by_group[group] = Lane(group, comm, handle, rt.generation, rt.rank, lib)
 
+    def comms(self) -> List[MPI.Comm]:
+        """The lanes' communicators (revoked with the world's after a death)."""
+        return [lane.comm for lane in self._by_group.values() if lane is not _OFF]
+
     def close(self) -> None:
         for lane in self._by_group.values():
             lane.broken = True  # plans still holding it must not call it
@@ -344,8 +352,13 @@ def run_planned(key: tuple, tensor: torch.Tensor) -> bool:
             with rt.data_watch.phase(lane.group, f"{plan.what} on group {lane.group}"):
                 return lane.data() == OK
         return _wait(rt, plan, lane) == OK
+    except Exception as exc:
+        failure = exc
     finally:
         engine._comm_lock.release()
+    # As the Python path's synchronize(): a dead or silent member is recovered from under
+    # fault tolerance (outside the engine's lock: the recovery resets the engine).
+    raise rt.raised(failure, lane.generation) from failure
 
 
 def run_planned_into(key: tuple, tensor: torch.Tensor) -> Optional[torch.Tensor]:

@@ -4,8 +4,8 @@ usage: ft_training.py MODE SCHEDULE DEAD_RANK DIE_AT_STEP STEPS
 
 MODE ``decentralized``: ``DistributedOptimizer(sync="ripples", schedule=SCHEDULE)``; the
 survivors keep their models and go on. MODE ``elastic``: all-reduce training inside
-``hvd.elastic.run`` with a ``TorchState`` committed every 5 steps; the survivors roll back
-to the last commit. MODE ``sampler``: one epoch through an ``ElasticSampler`` inside
+``hvd.elastic.run`` with a ``TorchState`` committed every 5 steps and a per-step metric
+all-reduce; the survivors roll back to the last commit. MODE ``sampler``: one epoch through an ``ElasticSampler`` inside
 ``hvd.elastic.run``; the survivors share the samples not processed at the last commit. MODE
 ``ps``: parameter-server training (``RIPPLES_PS_SERVERS`` set by the caller) with policy
 SCHEDULE; the servers drop the dead worker and go on with the rest. Rank DEAD_RANK calls ``os._exit(1)`` at step DIE_AT_STEP
@@ -174,6 +174,9 @@ else:
     def train(state):
         while state.step < steps:
             maybe_die(state.step)
+            # a per-step metric, as training scripts log: planned on the native lane after
+            # two steps, so the survivors learn of the death in it
+            hvd.allreduce(torch.tensor(float(state.step)), name="step")
             x, y = batch(state.step)
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
