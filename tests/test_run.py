@@ -486,14 +486,17 @@ def test_a_job_whose_ranks_started_runs_past_the_start_timeout_without_the_table
 
 def test_ranks_of_this_host_alive_after_mpiexec_ended_are_killed_and_named(tmp_path, capfd):
     """mpiexec gave up on a frozen rank and ended without it: that rank, found in the table
-    of started ranks, is killed. A process in another host's row is not touched."""
+    of started ranks, is killed. A process in another host's row, or one of this host that
+    mpiexec did not start, is not touched."""
     pids = tmp_path / "pids"
     host = socket.gethostname()
+    stranger = subprocess.Popen(["sleep", "300"])  # not below the stand-in mpiexec
     argv, _ = _stand_in_mpiexec(tmp_path, f"""sleep 300 >/dev/null 2>&1 & left=$!
 sleep 300 >/dev/null 2>&1 & other=$!
 echo "$left $other" > {pids}
 echo "(rank, host, exe, pid) = (0, {host}, /bin/sleep, $left)" >&2
 echo "(rank, host, exe, pid) = (1, elsewhere, /bin/sleep, $other)" >&2
+echo "(rank, host, exe, pid) = (2, {host}, /bin/sleep, {stranger.pid})" >&2
 sleep 0.5
 exit 1""", later="")
     code = job_process.run_job(argv, dict(os.environ), start_timeout_s=30.0)
@@ -505,13 +508,15 @@ exit 1""", later="")
             time.sleep(0.05)
         assert leftovers.start_ticks(left) is None  # gone (or a zombie until reaped)
         assert leftovers.start_ticks(other) is not None
+        assert stranger.poll() is None
         err = capfd.readouterr().err
         assert f"rank 0 (pid {left}) of this host outlived mpiexec" in err, err
-        assert str(other) not in err
+        assert str(other) not in err and str(stranger.pid) not in err
     finally:
-        for pid in (left, other):
+        for pid in (left, other, stranger.pid):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        stranger.wait()
 
 
 def test_start_timeout_flag():

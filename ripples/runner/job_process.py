@@ -73,7 +73,7 @@ def _run_once(argv: List[str], env: Dict[str, str],
               start_timeout_s: Optional[float]) -> Tuple[int, "JobReport"]:
     """One mpiexec: its status as ``run_job`` reports it, and what its report saw."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    report = JobReport(start_timeout_s)
+    report = JobReport(start_timeout_s, launcher=proc.pid)
     copiers = [StreamCopier(proc.stdout, sys.stdout.buffer, report),
                StreamCopier(proc.stderr, sys.stderr.buffer, report, JobReport.PROCTABLE_LINE)]
     for copier in copiers:
@@ -155,8 +155,9 @@ class JobReport:
     """What mpiexec's output said about how the job ends: the hosts whose daemon Open MPI
     lost (``lost``), whether its runtime failed before any rank ran (``start_failed``),
     whether every rank started (``started``: the table ``PROCTABLE_OPTION`` prints; only
-    looked for with a ``start_timeout_s``), and when the job should have ended (a rank
-    aborted it, or the survivors finished)."""
+    looked for with a ``start_timeout_s``), when the job should have ended (a rank
+    aborted it, or the survivors finished), and the ranks of this host below the mpiexec
+    whose process id is ``launcher`` (``local_ranks``)."""
 
     PROCTABLE_LINE = re.compile(rb"^\(rank, host, exe, pid\) = \([^\n]*\)\n", re.M)
 
@@ -174,7 +175,8 @@ class JobReport:
                                rb"daemon failed to report back")
     _FINISHED_WITHOUT = f"ripples: {failures.FINISHED_WITHOUT}".encode()
 
-    def __init__(self, start_timeout_s: Optional[float] = None):
+    def __init__(self, start_timeout_s: Optional[float] = None,
+                 launcher: Optional[int] = None):
         self._start_by = (None if start_timeout_s is None
                           else time.monotonic() + start_timeout_s)
         self.started = False
@@ -182,7 +184,7 @@ class JobReport:
         self.ending_at: Optional[float] = None
         self.survivors_finished = False
         self._start_failure_said = False
-        self.local_ranks = LocalRanks()
+        self.local_ranks = LocalRanks(launcher)
 
     @property
     def start_failed(self) -> bool:

@@ -5,8 +5,9 @@ rank that was frozen when the job was aborted, or ``ripplesrun`` stopped it), su
 is left behind, blocked for good in a call whose peers are gone, holding its memory and
 devices. Open MPI 5's table of started ranks (``--output-proctable``) names each rank's
 host and process id; the ranks of this host that are still alive once mpiexec has ended
-are killed. A process is identified by its id and its start time (``/proc``), so that an
-id reused by another process is never touched. Linux only: elsewhere nothing is found.
+are killed. Only a process below mpiexec when the table was read counts, and it is
+identified by its id and its start time (``/proc``), so that an id reused by another
+process is never touched. Linux only: elsewhere nothing is found.
 """
 from __future__ import annotations
 
@@ -22,15 +23,32 @@ PROCTABLE_ENTRY = re.compile(rb"^\(rank, host, exe, pid\) = \((\d+), ([^,\s]+), 
                              rb"(\d+)\)$", re.M)
 
 
-def start_ticks(pid: int) -> Optional[int]:
-    """When process ``pid`` started (clock ticks since boot), or None if there is none."""
+def _stat(pid: int) -> Optional[List[str]]:
+    """The fields of ``/proc/PID/stat`` after the command name (state first)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    if fields[0] == "Z":  # exited, not yet reaped by its parent
+
+
+def start_ticks(pid: int) -> Optional[int]:
+    """When process ``pid`` started (clock ticks since boot), or None if there is none."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":  # none, or exited and not yet reaped
         return None
     return int(fields[19])
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process ``ancestor`` is above process ``pid`` now."""
+    while pid > 1:
+        fields = _stat(pid)
+        if fields is None:
+            return False
+        pid = int(fields[1])
+        if pid == ancestor:
+            return True
+    return False
 
 
 def is_this_host(host: str) -> bool:
@@ -39,9 +57,11 @@ def is_this_host(host: str) -> bool:
 
 
 class LocalRanks:
-    """The ranks of this host seen in mpiexec's table of started ranks, by process id."""
+    """The ranks of this host seen in the table of started ranks of the mpiexec whose
+    process id is ``launcher`` (None: none is followed)."""
 
-    def __init__(self):
+    def __init__(self, launcher: Optional[int] = None):
+        self._launcher = launcher
         self._started: Dict[int, Optional[int]] = {}  # pid -> start ticks when first seen
         self._ranks: Dict[int, int] = {}  # pid -> rank
 
@@ -50,6 +70,9 @@ class LocalRanks:
         for match in PROCTABLE_ENTRY.finditer(output):
             pid = int(match.group(3))
             if pid in self._started or not is_this_host(match.group(2).decode(errors="replace")):
+                continue
+            if self._launcher is None or not descends_from(pid, self._launcher):
+                self._started[pid] = None  # not a process of this launch: never touched
                 continue
             self._started[pid] = start_ticks(pid)
             self._ranks[pid] = int(match.group(1))
