@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ripples.comm import failures
-from ripples.runner.leftovers import LocalRanks
+from ripples.runner.leftovers import LocalRanks, proc_stat
 
 EXIT_HOST_LOST = 1
 EXIT_ABORT_STUCK = 1
@@ -139,10 +139,10 @@ def _join(copiers: List["StreamCopier"]) -> None:
 def _descendants(pid: int) -> List[int]:
     """The processes below ``pid`` (Linux ``/proc``; empty elsewhere)."""
     children: Dict[int, List[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = proc_stat(int(entry.name))
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
         below = children.get(todo.pop(), [])

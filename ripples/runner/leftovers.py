@@ -23,7 +23,7 @@ PROCTABLE_ENTRY = re.compile(rb"^\(rank, host, exe, pid\) = \((\d+), ([^,\s]+), 
                              rb"(\d+)\)$", re.M)
 
 
-def _stat(pid: int) -> Optional[List[str]]:
+def proc_stat(pid: int) -> Optional[List[str]]:
     """The fields of ``/proc/PID/stat`` after the command name (state first)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -33,7 +33,7 @@ def _stat(pid: int) -> Optional[List[str]]:
 
 def start_ticks(pid: int) -> Optional[int]:
     """When process ``pid`` started (clock ticks since boot), or None if there is none."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     if fields is None or fields[0] == "Z":  # none, or exited and not yet reaped
         return None
     return int(fields[19])
@@ -42,7 +42,7 @@ def start_ticks(pid: int) -> Optional[int]:
 def descends_from(pid: int, ancestor: int) -> bool:
     """Whether process ``ancestor`` is above process ``pid`` now."""
     while pid > 1:
-        fields = _stat(pid)
+        fields = proc_stat(pid)
         if fields is None:
             return False
         pid = int(fields[1])
