@@ -335,6 +335,22 @@ def test_a_restored_generator_draws_what_the_original_would_draw_next():
     assert first != run(GroupGenerator(6, 2, seed=3, policy="all"), 8)[24:]  # not periodic
 
 
+def test_an_older_state_never_takes_the_sequence_numbers_back():
+    """A state saved before the groups a running generator already handed out (a rank 0
+    reloading an earlier checkpoint) must not make a rank see a sequence number again."""
+    from ripples.schedule.generator_checkpoint import generator_state, restore_generator_state
+    gen = GroupGenerator(2, 2, seed=0, policy="all")
+    early = generator_state(gen)
+    seqs = []
+    for _ in range(3):
+        gen.request(0)
+        seqs += [seq for seq, _ in gen.poll()[0]]
+    restore_generator_state(gen, early)
+    gen.request(0)
+    later = [seq for seq, _ in gen.poll()[0]]
+    assert seqs == [0, 1, 2] and later == [3], (seqs, later)
+
+
 def test_a_restored_generator_knows_the_speeds_and_refuses_another_size():
     from ripples.schedule.generator_checkpoint import generator_state, restore_generator_state
     now = [0.0]

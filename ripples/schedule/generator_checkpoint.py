@@ -34,7 +34,9 @@ def restore_generator_state(generator: GroupGenerator, state: dict) -> None:
                          "'ripples' entry to start the schedule afresh")
     emas = list(state["interval_ema"])
     generator._rng.bit_generator.state = state["rng"]
-    generator._next_seq = int(state["next_seq"])
+    # Never back: a rank must see its groups' sequence numbers increase, also when a state
+    # older than the groups already handed out is loaded into a running generator.
+    generator._next_seq = max(generator._next_seq, int(state["next_seq"]))
     generator.divisions = int(state["divisions"])
     for worker, ema in zip(generator._workers, emas):
         worker.interval_ema = ema

@@ -94,6 +94,11 @@ class GeneratorService:
         self._stop = threading.Event()
         self._sends: list = []
         self._request_ids: dict = {}  # worker -> id of its outstanding "groups" request
+        # No division runs before rank 0 restored a checkpoint or sent its first request:
+        # a resumed run's groups must come from the restored generator whichever rank asks
+        # first, and rank 0 loads a checkpoint before its first step in any script order.
+        self._released = False
+        self._poll_due = False  # a request or a deadline came since the last poll()
         # Held by the thread while it uses the generator, and by snapshot() and restore().
         self._generator_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="ripples-group-generator",
@@ -139,7 +144,10 @@ class GeneratorService:
                     now = time.monotonic()
                     answers = None
                     if received or (deadline is not None and now >= deadline):
-                        answers = self.generator.poll()  # only after an event or a deadline
+                        self._poll_due = True
+                    if self._poll_due and self._released:  # only after an event or deadline
+                        self._poll_due = False
+                        answers = self.generator.poll()
                         for worker, pairs in answers.items():
                             self._send(worker, ("ok", pairs, self._request_ids.pop(worker)))
                         deadline = self.generator.next_deadline()
@@ -170,9 +178,13 @@ class GeneratorService:
             return generator_state(self.generator)
 
     def restore(self, state: dict) -> None:
-        """Make the generator go on from ``state`` (``generator_checkpoint``)."""
+        """Make the generator go on from ``state`` (``generator_checkpoint``), and let
+        the requests that came before it be answered."""
         with self._generator_lock:
             restore_generator_state(self.generator, state)
+            self._released = self._poll_due = True
+        if self.doorbell is not None:
+            self.doorbell.ring()  # the thread may sleep on it with requests waiting
 
     def _receive(self, MPI) -> bool:
         # A probe that finds nothing still runs MPI's progress, which may only then take in
@@ -182,6 +194,8 @@ class GeneratorService:
         if msg is None:
             return False
         op, rank, request_id = msg.recv()
+        if rank == SERVICE_RANK:
+            self._released = True
         try:
             if op == "groups":
                 self.generator.request(rank)  # answered by poll()
@@ -214,12 +228,13 @@ class GeneratorSchedule(Schedule):
     ``free_comm`` it then frees ``comm``. Other arguments are those of
     :class:`GroupGenerator`.
 
-    Nothing of the generator is saved for a resumed run: its groups depend on when ranks
-    become ready, so no saved state would repeat them. A resumed run, every rank restarting
-    together, starts a fresh generator (empty FIFOs, sequence numbers from 0, the RNG from
-    ``seed``, speeds unknown) and clients holding no groups: a consistent state, since no
-    rank holds or waits for a group of the interrupted run. Groups a rank held but had not
-    executed when it saved are dropped with the rest of the interrupted run.
+    A checkpoint keeps rank 0's generator state (``state()``, see ``generator_checkpoint``);
+    a resumed run's rank 0 gives it back with ``restore()``. Groups a rank held but had not
+    executed when it saved are dropped with the rest of the interrupted run. So that the
+    first groups of a resumed run come from the restored generator, the service divides
+    nothing before rank 0 restored or sent its first request: the other ranks' first
+    requests wait for rank 0 to load its checkpoint (or reach its first step), within
+    ``timeout_s``.
     """
 
     kind = "generator"

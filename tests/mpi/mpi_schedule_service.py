@@ -125,7 +125,7 @@ def test_service_answers_after_idle_and_at_a_deadline_with_no_other_message():
                               first_wait_s=0.3)
     WORLD.Barrier()
     time.sleep(1.5)  # longer than IDLE_AFTER_S: the service naps at its idle length
-    asker = SIZE - 1
+    asker = 0  # nothing is divided before rank 0's first request (or its restore)
     if RANK == asker:
         start = time.monotonic()
         assert sched.groups_for_step(0) == [(0, (asker,))]  # nobody came: a group of itself
@@ -200,7 +200,8 @@ def test_an_exception_in_the_service_ends_it_and_is_kept_in_error():
 def test_rank_0s_generator_state_resumes_the_division_sequence():
     """Under "all" each division shuffles every rank with the generator's random state: a
     schedule restored from rank 0's state() hands out the groups that the saved schedule
-    would have handed out next (every rank loads rank 0's state, as from one checkpoint)."""
+    would have handed out next (every rank loads rank 0's state, as from one checkpoint),
+    also when the other ranks ask for groups before rank 0 restored."""
     from ripples.schedule.service import GeneratorSchedule
 
     def groups(sched, steps):
@@ -225,6 +226,8 @@ def test_rank_0s_generator_state_resumes_the_division_sequence():
     state = WORLD.bcast(original.state(), root=0)
     divisions = state["generator"]["divisions"]
     assert divisions >= 4
+    if RANK == 0:
+        time.sleep(0.3)  # rank 0 loads its checkpoint last: the others ask first
     restored.restore(state)
     after, _ = groups(restored, 4)
     for sched, comm in zip(scheds, comms):
