@@ -55,7 +55,11 @@ def frontend_policies(context):
     with torch.no_grad():
         accuracy = (model(x).argmax(1) == y).float().mean().item()
     assert accuracy > 0.85, accuracy
-    assert metrics["communities"] == [[0, 1], [2]], metrics["communities"]
+    # Worker 2 is 6x slower: no projection groups it with a fast worker. Whether workers 0
+    # and 1 share a community depends on how alike their measured times are, which a loaded
+    # machine can change (seen: [[0], [1], [2]] under a full test run).
+    communities = metrics["communities"]
+    assert [2] in communities and sorted(sum(communities, [])) == [0, 1, 2], communities
     print(f"worker {worker} ok accuracy {accuracy:.3f} communities {metrics['communities']}",
           flush=True)
 
