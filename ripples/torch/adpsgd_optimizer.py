@@ -7,7 +7,8 @@ never waits for an active one's computation, nor an active one for a passive one
 passive answers from a responder thread (``adpsgd_exchange.Responder``) while it computes
 its own gradients, on a model that averaging may change under it, as in the paper. Its
 optimizer step and the responder's averaging take turns on one lock, so every exchange is
-atomic with respect to its local updates. An active rank waits for its exchange only (and
+atomic with respect to its local updates; the lock is not held while the tensors travel,
+so a step waits for an averaging at most, never for the network. An active rank waits for its exchange only (and
 for another active rank's exchange with the same passive, served first): a slow passive
 costs its partners at most one exchange, never its compute time.
 

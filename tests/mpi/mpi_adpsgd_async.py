@@ -148,6 +148,45 @@ def test_a_passive_rank_busy_computing_does_not_hold_up_the_active_ranks():
     assert sum(counts[p] for p in PASSIVES) == steps * len(ACTIVES)
 
 
+def test_a_passive_step_waits_for_an_averaging_not_for_a_transfer():
+    """Active rank 0 sends an exchange's header, then its tensor only 2.5 s later (a slow
+    link): meanwhile passive rank 1's step (which takes the model lock) goes on at once,
+    and the exchange still ends with both ranks holding the mean of what they held."""
+    import threading
+    from ripples.torch import adpsgd_exchange as ex
+    if N < 2:
+        pytest.skip("a world of one has no passive rank")
+    comm = WORLD.Dup()
+    tensor = torch.full((1000,), float(R))
+    if R == 0:
+        header = np.array([ex.EXCHANGE, ex.layout_of([tensor]), 1, 0], dtype=np.int64)
+        comm.Send(header, 1, ex.TAG_HEADER)
+        time.sleep(2.5)
+        comm.Send(tensor.numpy(), 1, ex.TAG_DATA)
+        status = np.zeros(1, dtype=np.int64)
+        comm.Recv(status, 1, ex.TAG_STATUS)
+        comm.Recv(tensor.numpy(), 1, ex.TAG_AVERAGE)
+        assert status[0] == ex.OK
+        comm.Send(np.array([ex.DONE, 0, 0, 1], dtype=np.int64), 1, ex.TAG_HEADER)
+    elif R == 1:
+        lock = threading.Lock()
+        responder = ex.Responder(comm, 1, [0], lock, lambda: [tensor], lambda active: None,
+                                 timeout_s=20.0, stall_s=20.0)
+        responder.start()
+        while not comm.Iprobe(0, ex.TAG_DATA) and responder.served == 0:
+            start = time.monotonic()
+            with lock:  # the passive's optimizer step
+                waited = time.monotonic() - start
+            assert waited < 1.0, f"the step waited {waited:.2f} s for the model lock"
+            time.sleep(0.05)
+        responder.wait()
+        assert responder.served == 1
+    if R < 2:
+        assert torch.equal(tensor, torch.full((1000,), 0.5)), tensor[:3]
+    comm.Barrier()
+    comm.Free()
+
+
 def test_join_with_uneven_steps_leaves_no_message_behind():
     model = Point(torch.full((3,), float(R), dtype=torch.float64), torch.zeros(2))
     opt = wrap(model, lr=0.01)
