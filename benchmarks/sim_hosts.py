@@ -77,10 +77,14 @@ def main(argv=None) -> int:
         for name, extra in flags.items():
             for row in compare(run, extra + model, steps=steps):
                 key = (run["args"]["model_mb"], row["scenario"], row["mode"])
-                entry = per_row.setdefault(key, {"measured": [], "sim": {}})
+                entry = per_row.setdefault(key, {"measured": [], "sim": {}, "group": [],
+                                                 "sim_group": {}})
                 if name == "pingpong":
                     entry["measured"].append(row["measured_steps_per_s"])
+                    if row["measured_mean_group_size"] is not None:
+                        entry["group"].append(row["measured_mean_group_size"])
                 entry["sim"].setdefault(name, []).append(row["sim_steps_per_s"])
+                entry["sim_group"].setdefault(name, []).append(row["sim_mean_group_size"])
     rows = []
     for (padding, scenario, mode), entry in per_row.items():
         measured = stats.median(entry["measured"])
@@ -90,14 +94,23 @@ def main(argv=None) -> int:
         for name, values in entry["sim"].items():
             row[f"sim_{name}_steps_per_s"] = stats.median(values)
             row[f"error_{name}"] = stats.median(values) / measured - 1
+        # members per collective, measured and simulated (medians over the runs)
+        row["measured_mean_group_size"] = (stats.median(entry["group"]) if entry["group"]
+                                           else None)
+        for name, values in entry["sim_group"].items():
+            row[f"sim_{name}_mean_group_size"] = stats.median(values)
         rows.append(row)
     print(f"{'model MB':>8} {'scenario':<12} {'mode':<15} {'measured':>8} " +
-          " ".join(f"{'sim ' + n:>14} {'error':>6}" for n in flags))
+          " ".join(f"{'sim ' + n:>14} {'error':>6}" for n in flags) +
+          "   members per collective: measured, " + ", ".join(f"sim {n}" for n in flags))
     for r in rows:
+        group = r["measured_mean_group_size"]
         print(f"{r['model_mb']:>8.2f} {r['scenario']:<12} {r['mode']:<15} "
               f"{r['measured_steps_per_s']:>8.1f} " +
               " ".join(f"{r[f'sim_{n}_steps_per_s']:>14.1f} {r[f'error_{n}']:>+6.0%}"
-                       for n in flags))
+                       for n in flags) +
+              f"   {'-' if group is None else format(group, '.2f')}, " +
+              ", ".join(f"{r[f'sim_{n}_mean_group_size']:.2f}" for n in flags))
     if args.json:
         report.write_json(args.json, {"link": args.link, "runs": args.runs,
                                       "target_steps": steps, "calibrations": flags,

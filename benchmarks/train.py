@@ -104,6 +104,8 @@ def worker(args) -> None:
             "worst_accuracy": result.worst_accuracy,
             "consensus_distance": result.consensus_distance,
             "wait_share": sum(result.wait_s) / (len(result.wait_s) * result.wall_s),
+            "mean_group_size": result.mean_group_size or None,  # None: no groups recorded
+            "groups_by_size": {str(k): v for k, v in result.groups_by_size.items()},
         })
         if hvd.rank() == 0:
             print(f"  {args.scenario}: {result.mode} done", file=sys.stderr, flush=True)

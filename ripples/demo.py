@@ -12,11 +12,12 @@ Compute is real, padded to ``--compute-ms`` per step (emulated compute) unless
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -105,6 +106,13 @@ class ModeResult:
     worst_accuracy: float
     consensus_distance: float
     curve: List[Tuple[float, float]] = field(default_factory=list)  # rank 0: (seconds, accuracy)
+    # collectives (P-Reduces, exchanges, all-reduces) by their number of members, each once
+    groups_by_size: Dict[int, float] = field(default_factory=dict)
+
+    @property
+    def mean_group_size(self) -> float:
+        groups = sum(self.groups_by_size.values())
+        return sum(k * v for k, v in self.groups_by_size.items()) / groups if groups else 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -157,13 +165,18 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
     local_accuracy = accuracy(model, data.x_test, data.y_test)
     distance = hvd.consensus_distance(model)
     hvd.average_model(model)
-    stats = hvd.allgather_object((step, optimizer.metrics.wait_s, local_accuracy))
+    stats = hvd.allgather_object((step, optimizer.metrics.wait_s, local_accuracy,
+                                  dict(optimizer.metrics.groups_by_size)))
+    memberships = collections.Counter()  # every member of a group counts it
+    for *_, by_size in stats:
+        memberships.update(by_size)
     return ModeResult(
         mode=sync if schedule is None else f"{sync}/{schedule}", wall_s=wall,
         samples=sum(s[0] for s in stats) * batch, steps=[s[0] for s in stats],
         wait_s=[s[1] for s in stats], time_to_target_s=time_to_target,
         averaged_accuracy=accuracy(model, data.x_test, data.y_test),
-        worst_accuracy=min(s[2] for s in stats), consensus_distance=distance, curve=curve)
+        worst_accuracy=min(s[2] for s in stats), consensus_distance=distance, curve=curve,
+        groups_by_size={k: n / k for k, n in sorted(memberships.items())})
 
 
 def _time_is_up(elapsed: float, seconds: float, step: int, together: bool) -> bool:

@@ -63,6 +63,9 @@ def compare(report: Dict, extra_flags: Sequence[str] = (),
                 "throughput_ratio": sim.steps_per_s / row["steps_per_s"],
                 "measured_time_to_target_s": row["time_to_target_s"],
                 "sim_time_to_target_s": sim.time_to_target_s, "wall_s": row["wall_s"],
+                # members per collective (runs before 2026-11-27 did not record it)
+                "measured_mean_group_size": row.get("mean_group_size"),
+                "sim_mean_group_size": sim.mean_group_size,
                 "time_to_target_ratio": (sim.time_to_target_s / row["time_to_target_s"]
                                          if sim.time_to_target_s and row["time_to_target_s"]
                                          else None)})
