@@ -8,9 +8,9 @@ passive answers from a responder thread (``adpsgd_exchange.Responder``) while it
 its own gradients, on a model that averaging may change under it, as in the paper. Its
 optimizer step and the responder's averaging take turns on one lock, so every exchange is
 atomic with respect to its local updates; the lock is not held while the tensors travel,
-so a step waits for an averaging at most, never for the network. An active rank waits for its exchange only (and
-for another active rank's exchange with the same passive, served first): a slow passive
-costs its partners at most one exchange, never its compute time.
+so a step waits for an averaging at most, never for the network. An active rank waits for
+its exchange only (and for another active rank's exchange with the same passive, served
+first): a slow passive costs its partners at most one exchange, never its compute time.
 
 Transport. A responder thread over point-to-point messages on a private duplicate of the
 world communicator, not one-sided MPI: measured here (Open MPI 5.0.11, 2 ranks, the
