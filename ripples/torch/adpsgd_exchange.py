@@ -5,8 +5,9 @@ Protocol, on a communicator used for nothing else:
 
 - An exchange: the active rank sends a header ``[EXCHANGE, layout, count, index]``
   (``TAG_HEADER``) and its ``count`` tensors (``TAG_DATA``). The passive rank's responder
-  receives them, replaces its own tensors by the mean ``(own + theirs) / 2``, and answers a status (``TAG_STATUS``) and, when the layouts
-  agree, its averaged tensors (``TAG_AVERAGE``), which the active rank copies into its own.
+  receives them, replaces its own tensors by the mean ``(own + theirs) / 2``, and answers
+  a status (``TAG_STATUS``) and, when the layouts agree, its averaged tensors
+  (``TAG_AVERAGE``), which the active rank copies into its own.
   The responder receives without the passive's model lock, then, holding it, replaces the
   passive's tensors by the mean and copies the mean into the buffers it sends: both end
   holding the same values, bit for bit, the averaging is atomic with respect to the
