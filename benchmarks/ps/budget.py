@@ -4,8 +4,9 @@ clock budget, 1 server + 8 workers.
 Each row trains ``ripples.demo``'s MLP (64-64-64-10, or ``--hidden`` wide) on digits for
 ``--seconds`` of wall time per policy; compute is EMULATED: every step sleeps
 ``--compute-ms`` times the worker's slowdown before its real forward and backward, so that
-9 processes on 2 cores measure synchronization, not CPU contention. SGD with momentum at
-``--lr``; policies that apply every push alone (ASP, SSP) take ``lr / 8``, a fixed CASP
+9 processes on 2 cores measure synchronization, not CPU contention. SGD with momentum 0.9
+at ``--mlp-lr`` (``lr``) for BSP and EPSP (one update per clock: the mean over its
+tasks); policies that apply every push alone (ASP, SSP) take ``lr / 8``, a fixed CASP
 count ``C`` takes ``lr / C`` (a community push is the mean of ``8 / C`` workers),
 ``CASP(auto)`` scales each push by its community's size itself, and ``CASP(projected)``
 (the analytic projection's count, its pushes the members' mean) takes ``lr``. The CASP
@@ -36,7 +37,7 @@ from .record import save
 WORKERS = 8
 BUDGET_ROWS = ("BSP", "ASP", "CASP(auto)", "CASP(projected)", "CASP(C=2)")
 SWEEP_ROWS = ("BSP", "SSP(s=2)", "ASP", "CASP(auto)", "CASP(projected)", "CASP(C=2)",
-              "CASP(C=4)", "EPSP(s=2)")
+              "CASP(C=4)", "EPSP(s=0)", "EPSP(s=2)")
 
 
 def row_setup(row: str, lr: float, regroup_every: int = 5):
@@ -46,14 +47,19 @@ def row_setup(row: str, lr: float, regroup_every: int = 5):
     if row == "ASP":
         return "asp", {}, lr / WORKERS
     if row.startswith("SSP"):
-        return "ssp", {"staleness": 2}, lr / WORKERS
+        return "ssp", {"staleness": _staleness(row)}, lr / WORKERS
     if row.startswith("EPSP"):
-        return "epsp", {"staleness": 2, "tasks_per_clock": 4 * WORKERS}, lr
+        return "epsp", {"staleness": _staleness(row), "tasks_per_clock": 4 * WORKERS}, lr
     if row.startswith("CASP(C="):
         count = int(row[len("CASP(C="):-1])
         return "casp", {"communities": count, "regroup_every": regroup_every}, lr / count
     mode = row[len("CASP("):-1]
     return "casp", {"communities": mode, "regroup_every": regroup_every}, lr
+
+
+def _staleness(row: str) -> int:
+    """The ``s`` of a row named like ``SSP(s=2)``."""
+    return int(row[row.index("(s=") + 3:-1])
 
 
 def train_row(context, args, row, slow, data):
@@ -109,6 +115,7 @@ def train_row(context, args, row, slow, data):
         record["communities"] = server.get("communities")
         record["plan_history"] = server.get("plan_history")
         record["casp_windows"] = server.get("casp_windows")
+        record["staleness_hist"] = server.get("staleness_hist")
     return record
 
 
@@ -142,7 +149,7 @@ def summarize(records, row, scenario, target):
             "steps_per_worker": [r["steps"] for r in sorted(records, key=lambda r: r["worker"])],
             "communities": zero.get("communities"), "plan_history": zero.get("plan_history"),
             "casp_windows": zero.get("casp_windows"),
-            "curve": zero["curve"]}
+            "staleness_hist": zero.get("staleness_hist"), "curve": zero["curve"]}
 
 
 def scenarios(args):
