@@ -64,7 +64,11 @@ class PSOptimizer(OptimizerWrapper):
 
     Arguments:
         policy: one of ``policies.POLICIES`` (see ``ripples.ps.policies``).
-        staleness: SSP's bound ``s >= 0``; required for ``"ssp"``, None otherwise.
+        staleness: the bound ``s >= 0`` of ``policies.STALENESS_POLICIES``: required for
+            ``"ssp"``; ``"casp"``: None is unbounded; ``"epsp"``/``"flexrr"``: None is 0
+            (lockstep clocks; with ``s > 0`` most clocks are applied one clock late, which
+            momentum tolerates only at a much lower learning rate: see the parameter-server
+            guide, "EPSP: enforced or slack"). None for the other policies.
         placement: a name in ``placement.PLACEMENTS`` or a callable (see ``placement.plan``).
         chunk_bytes: largest chunk; bigger tensors are split.
         eager_scale, max_lag, coupled: the eager policy's factor (``"inverse"`` 1/tau,
