@@ -2,7 +2,8 @@
 real TCP links that can be killed and cut): ``ripplesrun -H`` places ranks as asked with
 uneven slots, ``-x`` and ripples' own settings reach remote ranks, and a lost host ends the
 job non-zero within a bound, naming the host; under ``--fault-tolerant`` a host cut off is
-left behind by the majority, and stops.
+left behind by the majority, and stops; parameter-server mode runs with its server and its
+workers on different hosts.
 
 Needs root and the ``netcluster`` tool (``$NETCLUSTER``, on PATH, or the project's shared
 tools beside the repository); without the tool these tests are skipped.
@@ -140,6 +141,20 @@ def test_ranks_are_placed_as_asked_and_settings_reach_remote_hosts(cluster, tmp_
     assert [ranks[r]["cross"] for r in range(5)] == ["0/3", "0/2", "1/3", "2/3", "1/2"]
     assert all(ranks[r]["FOO"] == "bar" and ranks[r]["TIMEOUT"] == "17" for r in range(5))
     assert out.count("sum=5") == 5, out
+
+
+def test_parameter_server_mode_runs_across_hosts(cluster, tmp_path):
+    # the server on h1, one worker on each of h2 and h3: pushes, pulls and EPSP's task
+    # claims all cross the links (the scenarios of tests/mpi/ps_frontend.py)
+    scenarios = str(TESTS_DIR / "mpi" / "mpi_ps_scenarios.py")
+    job = Job(["-np", "3", "--ps-servers", "1", "-H", "h1:1,h2:1,h3:1", sys.executable,
+               scenarios, "frontend", "documented epsp example"], tmp_path)
+    code, out = job.finish(180)
+    assert code == 0, out
+    assert "scenario documented epsp example: passed" in out, out
+    accuracies = [float(line.split()[3]) for line in out.splitlines()
+                  if line.startswith("worker ") and " accuracy " in line]
+    assert len(accuracies) == 2 and min(accuracies) > 0.9, out
 
 
 def _restore(host):
