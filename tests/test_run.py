@@ -94,6 +94,17 @@ def test_hostfile(tmp_path):
     assert argv[3:5] == ["--hostfile", str(path)] and "--oversubscribe" in argv
 
 
+def test_np_defaults_to_the_slots_of_hosts_or_hostfile_as_with_mpirun(tmp_path):
+    argv, _ = build(["-H", "a:4,b:2", "python", "t.py"], cpu_count=1)
+    assert argv[1:3] == ["-n", "6"] and "--oversubscribe" not in argv
+    path = tmp_path / "hosts"
+    path.write_text("node1 slots=2\nnode2\n")
+    argv, _ = build(["--hostfile", str(path), "python", "t.py"], cpu_count=1)
+    assert argv[1:3] == ["-n", "3"]
+    # the slots bound --ps-servers and --slowdown as a given -np does
+    assert parse_args(["-H", "a:2", "--ps-servers", "1", "python"]).np == 2
+
+
 def test_double_dash_before_command():
     argv, _ = build(["-np", "1", "--", "python", "-c", "pass"])
     assert argv[-3:] == ["python", "-c", "pass"]
@@ -114,6 +125,9 @@ def test_double_dash_before_command():
     (["-np", "4", "--ps-servers", "4", "python"], "--ps-servers"),
     (["-np", "4", "-H", "a:x", "python"], "-H"),
     (["-np", "4", "--hostfile", "/nonexistent/hosts", "python"], "--hostfile"),
+    (["--hostfile", "/nonexistent/hosts", "python"], "--hostfile"),
+    (["-H", "a:x", "python"], "-H"),
+    (["-H", "a:2", "--ps-servers", "2", "python"], "--ps-servers"),
     (["-np", "4", "-x", "1BAD=2", "python"], "-x"),
     (["-np", "4", "-x", "=2", "python"], "-x"),
     (["-np", "4", "-x", "RIPPLES_SEED=1", "--seed", "2", "python"], "-x"),

@@ -3,6 +3,7 @@
     ripplesrun -np 4 python train.py --lr 0.1
     ripplesrun -np 8 --slowdown 7:5 --compute-ms 50 --timeline trace.json python train.py
     ripplesrun -np 8 -H node1:4,node2:4 -x DATA_DIR -x NCCL_DEBUG=INFO python train.py
+    ripplesrun --hostfile hosts python train.py   # -np: the hostfile's slots
     ripplesrun -np 4 --mpi-args "--map-by socket" --output-filename logs/run python train.py
 
 The flags follow ``horovodrun`` and ``mpirun``: ``-np``/``--np``/``-n``, ``-H``,
@@ -174,8 +175,9 @@ def _make_parser() -> argparse.ArgumentParser:
         epilog="example: ripplesrun -np 4 -x DATA_DIR python train.py --lr 0.1")
     parser.add_argument("--version", action="version",
                         version=f"ripplesrun {ripples.__version__} ({distribution.NAME})")
-    parser.add_argument("-np", "--np", "-n", "--num-proc", dest="np", type=int, required=True,
-                        metavar="N", help="number of ranks (>= 1)")
+    parser.add_argument("-np", "--np", "-n", "--num-proc", dest="np", type=int,
+                        metavar="N", help="number of ranks (>= 1); with -H or --hostfile it "
+                                          "defaults to their slots, as with mpirun")
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS[,HOST:SLOTS]",
                        help="hosts and their slots, e.g. node1:4,node2:4")
@@ -258,6 +260,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parse and validate ``ripplesrun`` arguments; bad input exits with status 2 (argparse)."""
     parser = _make_parser()
     args = parser.parse_args(argv)
+    if args.np is None:
+        if args.hosts is None and args.hostfile is None:
+            parser.error("the following arguments are required: -np/--np/-n/--num-proc")
+        try:
+            args.np = _slots(args, cpu_count=0)
+        except (OSError, ValueError) as err:
+            given = "-H" if args.hosts is not None else "--hostfile"
+            parser.error(f"argument {given}: -np was not given and the slots could not be "
+                         f"counted: {err}")
     if args.np < 1:
         parser.error(f"argument -np: must be >= 1, got {args.np}")
     if not args.command:
