@@ -149,7 +149,18 @@ def summarize(records, row, scenario, target):
             "steps_per_worker": [r["steps"] for r in sorted(records, key=lambda r: r["worker"])],
             "communities": zero.get("communities"), "plan_history": zero.get("plan_history"),
             "casp_windows": zero.get("casp_windows"),
-            "staleness_hist": zero.get("staleness_hist"), "curve": zero["curve"]}
+            "stale_push_share": _stale_share(zero.get("staleness_hist")),
+            "staleness_hist": sorted((int(k), v) for k, v in
+                                     (zero.get("staleness_hist") or {}).items()),
+            "curve": zero["curve"]}
+
+
+def _stale_share(hist):
+    """The share of the servers' pushes computed on parameters that had since been updated
+    (``staleness_hist``: updates missed -> pushes)."""
+    if not hist:
+        return None
+    return sum(v for k, v in hist.items() if int(k) > 0) / sum(hist.values())
 
 
 def scenarios(args):
