@@ -101,7 +101,7 @@ def test_np_defaults_to_the_slots_of_hosts_or_hostfile_as_with_mpirun(tmp_path):
     path.write_text("node1 slots=2\nnode2\n")
     argv, _ = build(["--hostfile", str(path), "python", "t.py"], cpu_count=1)
     assert argv[1:3] == ["-n", "3"]
-    # the slots bound --ps-servers and --slowdown as a given -np does
+    # the checks that read -np read the slots (a bad --ps-servers: see the bad flags below)
     assert parse_args(["-H", "a:2", "--ps-servers", "1", "python"]).np == 2
 
 

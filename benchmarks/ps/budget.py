@@ -16,8 +16,8 @@ reports each step's loss (``report_loss``) unless ``--no-loss-reports``.
 ``--budget``: the held-out setting (workers 4-7 at ``--slow-factor``), BSP, ASP and the
 CASP rows; steps per second, final accuracy of the servers' model.
 ``--sweep``: speed ratio x share of slow workers x model width, every row; time to
-``--target`` accuracy (worker 0's parameters, checked every 5 of its steps) and bytes
-pushed per sample."""
+``--target`` accuracy (worker 0's parameters, checked every 5 of its steps), bytes
+pushed per sample and the share of pushes computed on stale parameters."""
 from __future__ import annotations
 
 import itertools
@@ -59,6 +59,8 @@ def row_setup(row: str, lr: float, regroup_every: int = 5):
 
 def _staleness(row: str) -> int:
     """The ``s`` of a row named like ``SSP(s=2)``."""
+    if "(s=" not in row or not row.endswith(")"):
+        raise SystemExit(f"row {row!r}: name its staleness, e.g. {row.split('(')[0]}(s=2)")
     return int(row[row.index("(s=") + 3:-1])
 
 
