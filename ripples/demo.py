@@ -25,6 +25,7 @@ import torch
 import ripples.torch as hvd
 from ripples.core.config import Config
 from ripples.core.distribution import pip_install
+from ripples.observe import metrics
 from ripples.observe.progress import progress_bar
 
 
@@ -111,8 +112,7 @@ class ModeResult:
 
     @property
     def mean_group_size(self) -> float:
-        groups = sum(self.groups_by_size.values())
-        return sum(k * v for k, v in self.groups_by_size.items()) / groups if groups else 0.0
+        return metrics.mean_group_size(self.groups_by_size)
 
     @property
     def samples_per_s(self) -> float:

@@ -138,3 +138,9 @@ def job_fixture(name: str):
     def result() -> JobResult:
         return job(name)
     return result
+
+
+def example_accuracies(output: str) -> list:
+    """The accuracies that the documented EPSP example prints, one line per worker."""
+    return [float(line.split()[3]) for line in output.splitlines()
+            if line.startswith("worker ") and " accuracy " in line]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from mpi_launch import REPO_DIR, TESTS_DIR, mpi_env
+from ps_jobs import example_accuracies
 
 SCRIPT = str(TESTS_DIR / "mpi" / "across_hosts.py")
 HOSTS = "h1:2,h2:1,h3:2"
@@ -152,8 +153,7 @@ def test_parameter_server_mode_runs_across_hosts(cluster, tmp_path):
     code, out = job.finish(180)
     assert code == 0, out
     assert "scenario documented epsp example: passed" in out, out
-    accuracies = [float(line.split()[3]) for line in out.splitlines()
-                  if line.startswith("worker ") and " accuracy " in line]
+    accuracies = example_accuracies(out)
     assert len(accuracies) == 2 and min(accuracies) > 0.9, out
 
 

@@ -3,7 +3,7 @@
 their jobs with other scenarios of the same shape: tests/ps_jobs.py)."""
 import pytest
 
-from ps_jobs import job_fixture
+from ps_jobs import example_accuracies, job_fixture
 
 ps_3_ranks = job_fixture("ps_3_ranks")
 ps_4_ranks = job_fixture("ps_4_ranks")
@@ -44,6 +44,5 @@ def test_casp_and_epsp_arguments_through_the_frontend(ps_4_ranks):
 @pytest.mark.xdist_group("ps_3_ranks")
 def test_documented_epsp_example_runs_as_documented(ps_3_ranks):
     ps_3_ranks.check("documented epsp example")
-    accuracies = [float(line.split()[3]) for line in ps_3_ranks.output.splitlines()
-                  if line.startswith("worker ") and " accuracy " in line]
+    accuracies = example_accuracies(ps_3_ranks.output)
     assert len(accuracies) == 2 and min(accuracies) > 0.9, ps_3_ranks.output

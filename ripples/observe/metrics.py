@@ -22,7 +22,7 @@ import os
 import time
 import weakref
 from collections import Counter
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from ripples.observe.timeline import per_rank_path
 
@@ -30,6 +30,12 @@ __all__ = ["RankMetrics", "record_samples"]
 
 # The RankMetrics made last in this process (the current DistributedOptimizer's), weakly.
 _latest: Optional["weakref.ReferenceType[RankMetrics]"] = None
+
+
+def mean_group_size(groups_by_size: Mapping[int, float]) -> float:
+    """Members per group of a ``{size: number of groups}`` count; 0.0 when it is empty."""
+    groups = sum(groups_by_size.values())
+    return sum(k * v for k, v in groups_by_size.items()) / groups if groups else 0.0
 
 
 class RankMetrics:
@@ -118,8 +124,7 @@ class RankMetrics:
             "wait_fraction": self.wait_s / wall if wall > 0 else 0.0,
             "groups": groups,
             "groups_by_size": {str(k): v for k, v in sorted(self.groups_by_size.items())},
-            "mean_group_size": (sum(k * v for k, v in self.groups_by_size.items()) / groups
-                                if groups else 0.0),
+            "mean_group_size": mean_group_size(self.groups_by_size),
             "consensus": [[step, value] for step, value in self.consensus],
         }
 
