@@ -90,9 +90,11 @@ COLUMNS = {
     "ps_epsp": ["scenario", "row", "time_to_target_s", "throughput_samples_per_s",
                 "push_bytes_per_sample", "final_accuracy"],
     "ps_psld": ["row", "iter_ms_median", "load_max_over_mean", "migrations", "rollbacks"],
-    "ps_sweep": ["ratio", "slow_workers", "row", "final_count", "steps_per_s",
+    # a repeated sweep's medians (its "rows"), else one run per row (its "table")
+    "ps_sweep": ["ratio", "slow_workers", "row", "runs", "final_count", "steps_per_s",
                  "final_accuracy", "last_second_accuracy", "time_to_target_s",
-                 "push_bytes_per_sample", "stale_push_share", "communities"],
+                 "times_to_target_s", "vs_best_fixed", "push_bytes_per_sample",
+                 "stale_push_share", "communities"],
 }
 
 

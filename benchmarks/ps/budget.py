@@ -17,7 +17,10 @@ reports each step's loss (``report_loss``) unless ``--no-loss-reports``.
 CASP rows; steps per second, final accuracy of the servers' model.
 ``--sweep``: speed ratio x share of slow workers x model width, every row; time to
 ``--target`` accuracy (worker 0's parameters, checked every 5 of its steps), bytes
-pushed per sample and the share of pushes computed on stale parameters."""
+pushed per sample and the share of pushes computed on stale parameters. With
+``--sweep-repeats N`` each setting runs its rows N times, interleaved (row by row, then
+again), and the file's ``rows`` are the medians (``ps/sweep_summary.py``); ``table``
+keeps every run."""
 from __future__ import annotations
 
 import itertools
@@ -33,6 +36,7 @@ from ripples.startup import init
 
 from .options import RANKS
 from .record import save
+from .sweep_summary import summarize_runs
 
 WORKERS = 8
 BUDGET_ROWS = ("BSP", "ASP", "CASP(auto)", "CASP(projected)", "CASP(C=2)")
@@ -189,14 +193,17 @@ def main(args) -> None:
                f"machine's cores")
     if context.worker == 0:
         print(f"compute {compute}; {args.seconds:g} s per policy", flush=True)
+    repeats = 1 if args.budget else args.sweep_repeats
+    if repeats < 1:
+        raise SystemExit(f"--sweep-repeats {repeats}: give at least 1")
     table = []
     for scenario in scenarios(args):
         args.slow_factor, args.hidden = scenario["ratio"], scenario["hidden"]
-        for row in rows:
+        for repeat, row in itertools.product(range(repeats), rows):
             record = train_row(context, args, row, set(scenario["slow"]), data)
             everyone = context.worker_comm.gather(record)
             if context.worker == 0:
-                t = summarize(everyone, row, scenario, args.target)
+                t = {**summarize(everyone, row, scenario, args.target), "repeat": repeat}
                 table.append(t)
                 ttt = "n/a" if t["time_to_target_s"] is None else f"{t['time_to_target_s']:.2f}"
                 print(f"x{t['ratio']:<5g}slow {len(t['slow'])} h{t['hidden']:<5}{row:<16}"
@@ -206,5 +213,18 @@ def main(args) -> None:
         return
     result = {"benchmark": "ps budget" if args.budget else "ps sweep",
               "compute": compute, "table": table}
+    if repeats > 1:
+        result["rows"] = summarize_runs(table)
+        print_medians(result["rows"], repeats)
     if args.json:
         save(args, result)
+
+
+def print_medians(rows, repeats) -> None:
+    print(f"medians of {repeats} runs: steps/s, time to target (every run), vs the best "
+          "fixed policy", flush=True)
+    for r in rows:
+        times = " ".join("-" if t is None else f"{t:.2f}" for t in r["times_to_target_s"])
+        versus = "-" if r["vs_best_fixed"] is None else f"{r['vs_best_fixed']:.2f}x"
+        print(f"x{r['ratio']:<5g}slow {r['slow_workers']} {r['row']:<16}"
+              f"{r['steps_per_s']:>8.1f}  [{times}]  {versus}", flush=True)

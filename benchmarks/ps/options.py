@@ -57,6 +57,9 @@ def parse(description: str, argv=None) -> argparse.Namespace:
     parser.add_argument("--ratios", default="1.5,3,10", help="--sweep: slowdowns of the slow")
     parser.add_argument("--shares", default="1,4", help="--sweep: how many of 8 are slow")
     parser.add_argument("--widths", default="64", help="--sweep: MLP widths (model size)")
+    parser.add_argument("--sweep-repeats", type=int, default=1,
+                        help="--sweep: runs of every row per setting, interleaved; the "
+                             "summary gives their medians")
     parser.add_argument("--sim-sweep", action="store_true",
                         help="the policies in the simulator (no MPI), see ps/sim_sweep.py")
     parser.add_argument("--sim-workers", default="32,256")
