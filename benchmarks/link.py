@@ -8,7 +8,9 @@ Ping-pong between rank 0 and a rank on another host (inter-node link) and on its
 (intra-node), over a sweep of sizes: the one-way time of the smallest message is the link's
 latency, the slope between the two largest its bandwidth. Then, as a check of the network
 model (not an input to it), plain ``MPI.Allreduce`` of ``--model-mb`` among all ranks, among
-one rank per host, and among the ranks of each host (every host at once); and the rate of
+one rank per host, among the ranks of each host (every host at once) and between two ranks
+on two hosts (the others idle; ``benchmarks/sim_hosts.py`` takes it for the bandwidth of a
+two-member group across hosts); and the rate of
 one stream of ``--model-mb`` from a rank of each host to the next host, alone and with every
 host sending at once (do the links stay independent when all carry traffic?). Pure
 communication: no ripples, no torch. Without ``--netcluster`` the job runs on this host.
@@ -106,6 +108,8 @@ def worker(args) -> None:
     checks = {"all ranks": [list(range(size))],
               "one rank per host": [[g[0] for g in nodes]],
               "each host's ranks, all hosts at once": nodes}
+    if other is not None:  # the smallest group across hosts, as AD-PSGD's pairs and most
+        checks["a pair across hosts"] = [[0, other]]  # of the generator's groups
     measured = {name: allreduce_s(comm, groups, nbytes, args.iterations)
                 for name, groups in checks.items()}
     firsts = [g[0] for g in nodes]

@@ -15,7 +15,10 @@ ranks per host, the model's bytes (the MLP plus ``--model-mb``), and the links a
 * ``allreduce``: the same, but the inter-host bandwidth is the one at which the network
   model's ring reproduces the measured raw ``MPI.Allreduce`` of all ranks across the hosts
   (TCP through the shaped switch with several flows per link reaches less than a single
-  flow).
+  flow);
+* ``allreduce_pair`` (where the link file has it): ``allreduce``, and for a group of two
+  on two hosts the bandwidth at which the ring reproduces the raw ``MPI.Allreduce``
+  between two ranks on two hosts (``--inter-pair-gbps``).
 
 Neither comes from the training runs. The target (all-reduce steps to the target accuracy)
 comes from ``--target-from``, a run of the same MLP, when a run's own all-reduce never
@@ -51,14 +54,39 @@ def calibrations(link: dict) -> dict:
               "--inter-latency-us", f"{inter['latency_us']:.1f}"]
     effective = ring_bandwidth(link["model_mb"] * 1e6, size, link["allreduce_s"]["all ranks"],
                                inter["latency_us"] * 1e-6)
-    return {"pingpong": common + ["--inter-gbps", f"{inter['gbps']:.4f}"],
-            "allreduce": common + ["--inter-gbps", f"{effective * 8 / 1e9:.4f}"]}
+    found = {"pingpong": common + ["--inter-gbps", f"{inter['gbps']:.4f}"],
+             "allreduce": common + ["--inter-gbps", f"{effective * 8 / 1e9:.4f}"]}
+    pair_s = link["allreduce_s"].get("a pair across hosts")
+    if pair_s is not None:
+        pair = ring_bandwidth(link["model_mb"] * 1e6, 2, pair_s, inter["latency_us"] * 1e-6)
+        found["allreduce_pair"] = found["allreduce"] + ["--inter-pair-gbps",
+                                                         f"{pair * 8 / 1e9:.4f}"]
+    return found
+
+
+def median_link(links: list) -> dict:
+    """One ``benchmarks/link.py`` result from several runs on the same cluster: the median
+    of each link's latency and bandwidth and of each all-reduce time present in every run."""
+    first = links[0]
+    for other in links[1:]:
+        if (other["hosts"], other["model_mb"]) != (first["hosts"], first["model_mb"]):
+            raise SystemExit("--link: the files describe different clusters or payloads")
+    merged = {**first, "links": {}, "allreduce_s": {}}
+    for name in first["links"]:
+        merged["links"][name] = {key: stats.median([link["links"][name][key] for link in links])
+                                 for key in ("latency_us", "bandwidth_Bps", "gbps")}
+    for name in first["allreduce_s"]:
+        if all(name in link["allreduce_s"] for link in links):
+            merged["allreduce_s"][name] = stats.median([link["allreduce_s"][name]
+                                                        for link in links])
+    return merged
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--link", required=True, help="benchmarks/link.py's JSON")
+    parser.add_argument("--link", nargs="+", required=True,
+                        help="benchmarks/link.py's JSON (several: their medians)")
     parser.add_argument("--runs", nargs="+", required=True, help="train.py --netcluster JSONs")
     parser.add_argument("--target-from", default=str(Path(__file__).parent / "results" /
                                                      "train_np8.json"),
@@ -67,7 +95,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from ripples.sim.validation import compare, target_steps
 
-    link = json.loads(Path(args.link).read_text())
+    link = median_link([json.loads(Path(path).read_text()) for path in args.link])
     steps = target_steps(json.loads(Path(args.target_from).read_text()))
     flags = calibrations(link)
     per_row: dict = {}

@@ -63,3 +63,33 @@ def test_calibrations_differ_only_in_the_inter_host_bandwidth():
     assert float(allreduce["--inter-gbps"]) < 0.95
     assert {k: v for k, v in ping.items() if k != "--inter-gbps"} == \
         {k: v for k, v in allreduce.items() if k != "--inter-gbps"}
+
+
+def _link(pair_s=None, all_s=1.0, latency_us=90.0):
+    link = {"hosts": ["h1"] * 2 + ["h2"] * 2, "ranks_per_host": 2, "model_mb": 20.0,
+            "links": {"inter": {"latency_us": latency_us, "gbps": 0.95, "bandwidth_Bps": 1e8},
+                      "intra": {"latency_us": 80.0, "gbps": 27.0, "bandwidth_Bps": 3e9}},
+            "allreduce_s": {"all ranks": all_s}}
+    if pair_s is not None:
+        link["allreduce_s"]["a pair across hosts"] = pair_s
+    return link
+
+
+def test_several_link_runs_give_their_medians_and_only_what_every_run_measured():
+    merged = sim_hosts.median_link([_link(0.5, 1.0, 90.0), _link(0.3, 3.0, 240.0),
+                                    _link(None, 2.0, 100.0)])
+    assert merged["allreduce_s"] == {"all ranks": 2.0}
+    assert merged["links"]["inter"]["latency_us"] == 100.0
+    with pytest.raises(SystemExit, match="different clusters"):
+        sim_hosts.median_link([_link(), {**_link(), "model_mb": 2.0}])
+
+
+def test_the_pair_calibration_adds_the_bandwidth_that_reproduces_the_measured_pair():
+    assert "allreduce_pair" not in sim_hosts.calibrations(_link())
+    flags = sim_hosts.calibrations(_link(pair_s=0.4))
+    pair = dict(zip(flags["allreduce_pair"][::2], flags["allreduce_pair"][1::2]))
+    assert flags["allreduce_pair"][:len(flags["allreduce"])] == flags["allreduce"]
+    gbps = float(pair["--inter-pair-gbps"])
+    network = Network(workers_per_node=2, inter=Link(90e-6, 1.0),
+                      inter_pair_Bps=gbps * 1e9 / 8)
+    assert network.allreduce_s(20e6, 2, 2) == pytest.approx(0.4, rel=1e-3)

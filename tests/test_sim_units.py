@@ -51,6 +51,19 @@ def test_ring_and_tree_costs_and_contention():
     assert net.nodes((0, 3, 4, 9)) == {0, 1, 2}
 
 
+def test_a_pair_across_nodes_takes_its_own_bandwidth_and_nothing_else_does():
+    net = Network(workers_per_node=2, intra=Link(1e-6, 100e9), inter=Link(10e-6, 1e9),
+                  inter_pair_Bps=4e9)
+    # a pair on two nodes: ring of 2 = 2 steps of b/2 at the pair's bandwidth
+    assert net.allreduce_s(8e6, 2, 2) == pytest.approx(2 * (10e-6 + 4e6 / 4e9))
+    assert net.allreduce_s(8e6, 2, 2, sharing=2) == pytest.approx(2 * (10e-6 + 8e6 / 4e9))
+    # a pair on one node and larger groups across nodes keep their links
+    assert net.allreduce_s(8e6, 2, 1) == pytest.approx(2 * (1e-6 + 4e6 / 100e9))
+    assert net.allreduce_s(8e6, 4, 2) == pytest.approx(6 * (10e-6 + 2e6 / 1e9))
+    with pytest.raises(ValueError, match="inter_pair_Bps"):
+        Network(inter_pair_Bps=0.0)
+
+
 def test_parameter_averaging_keeps_the_sum_and_gradient_averaging_keeps_agreement():
     w = Workers(SMALL, 6)
     for i in range(6):

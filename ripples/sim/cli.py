@@ -93,6 +93,9 @@ all-reduce reaches after --target-steps synchronous steps. Example:
     g.add_argument("--intra-latency-us", type=float, help="intra-node latency per message (default 5)")
     g.add_argument("--inter-gbps", type=float, help="inter-node link per node, Gb/s (default 100)")
     g.add_argument("--inter-latency-us", type=float, help="inter-node latency per message (default 5)")
+    g.add_argument("--inter-pair-gbps", type=float,
+                   help="inter-node bandwidth of a two-member collective on two nodes, Gb/s "
+                        "(default: --inter-gbps)")
     g.add_argument("--algorithm", choices=ALGORITHMS, default="ring", help="all-reduce algorithm")
     g.add_argument("--collective-overhead-us", type=float,
                    help="fixed software cost of every collective (default 0)")
@@ -179,7 +182,8 @@ def scenario_from_args(args) -> tuple:
         inter=Link(values["inter_latency_us"] * 1e-6, values["inter_gbps"] * 1e9 / 8),
         algorithm=args.algorithm, overhead_s=values["collective_overhead_us"] * 1e-6,
         service_s=values["service_latency_us"] * 1e-6,
-        exchange_overhead_s=values["exchange_overhead_us"] * 1e-6)
+        exchange_overhead_s=values["exchange_overhead_us"] * 1e-6,
+        inter_pair_Bps=None if args.inter_pair_gbps is None else args.inter_pair_gbps * 1e9 / 8)
     speed = Speed(args.speed, count=args.stragglers, factor=args.slow_factor,
                   probability=args.slow_probability, sigma=args.sigma)
     problem = Problem(dim=args.dim, lr=args.lr, momentum=args.momentum, batch=args.local_batch,

@@ -10,6 +10,10 @@ direction, so every step of it waits for one inter-node transfer):
 * tree all-reduce: ``2 ceil(log2 g)`` latencies plus ``2 b / bandwidth`` (reduce then
   broadcast, pipelined in chunks so the bytes cross each link about twice);
 * a P-Reduce of a group is the same all-reduce over the group's members;
+* a collective of two members on two nodes may have its own inter-node bandwidth
+  (``inter_pair_Bps``): a pair is one exchange in both directions at once, where a larger
+  group's all-reduce, as an MPI library runs it, may reach less of the link (measured apart
+  by ``benchmarks/link.py``);
 * an AD-PSGD exchange sends the whole model from the active worker to the passive one and
   the passive one's back: two messages of ``b`` bytes, one after the other, plus
   ``exchange_overhead_s`` once (its software cost: the passive's responder thread noticing
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 ALGORITHMS = ("ring", "tree")
 
@@ -58,6 +62,7 @@ class Network:
     overhead_s: float = 0.0
     service_s: float = 0.0
     exchange_overhead_s: float = 0.0
+    inter_pair_Bps: Optional[float] = None  # None: the inter link's bandwidth
 
     def __post_init__(self):
         if self.workers_per_node < 1:
@@ -67,6 +72,8 @@ class Network:
         for name in ("overhead_s", "service_s", "exchange_overhead_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.inter_pair_Bps is not None and not self.inter_pair_Bps > 0:
+            raise ValueError(f"inter_pair_Bps must be > 0 or None, got {self.inter_pair_Bps!r}")
 
     def node(self, worker: int) -> int:
         return worker // self.workers_per_node
@@ -83,7 +90,10 @@ class Network:
         if members <= 1:
             return 0.0
         link = self.intra if nodes <= 1 else self.inter
-        bandwidth = link.bandwidth_Bps / (1 if nodes <= 1 else max(sharing, 1))
+        bandwidth = link.bandwidth_Bps
+        if nodes > 1 and members == 2 and self.inter_pair_Bps is not None:
+            bandwidth = self.inter_pair_Bps
+        bandwidth /= 1 if nodes <= 1 else max(sharing, 1)
         if self.algorithm == "ring":
             steps = 2 * (members - 1)
             cost = steps * (link.latency_s + nbytes / members / bandwidth)
