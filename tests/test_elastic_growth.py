@@ -57,7 +57,8 @@ def test_a_shrunk_world_trains_on_then_grows_back_at_its_next_commit(tmp_path):
 def test_a_world_below_min_np_restarts_at_once_from_the_last_commit(tmp_path):
     result, steps, results = launch(tmp_path, "--fault-tolerant", "--min-np", "3")
     check_final(result, results)
-    assert not [s for _, s, n in steps if n == 2], result.stdout + result.stderr  # never trained on 2 ranks
+    # never trained on 2 ranks
+    assert not [s for _, s, n in steps if n == 2], result.stdout + result.stderr
     assert {s for launch_, s, _ in steps if launch_ == 1} == set(range(7, STEPS + 1))
     assert "below min_np 3" in result.stderr, result.stderr
 
