@@ -21,10 +21,15 @@ def is_fixed_policy(row: str) -> bool:
     return row.split("(")[0] in FIXED_POLICIES
 
 
+def ranked(times: Sequence[Optional[float]]) -> List[Optional[float]]:
+    """Times to target from fastest to slowest, the misses (None) last."""
+    return sorted(times, key=lambda t: (t is None, t or 0.0))
+
+
 def median_time(times: Sequence[Optional[float]]) -> Optional[float]:
     """The median of times to target, a miss (None) ranking after every time."""
-    ranked = sorted(times, key=lambda t: (t is None, t or 0.0))
-    middle = ranked[(len(ranked) - 1) // 2: len(ranked) // 2 + 1]
+    ranked_times = ranked(times)
+    middle = ranked_times[(len(ranked_times) - 1) // 2: len(ranked_times) // 2 + 1]
     if any(t is None for t in middle):
         return None
     return sum(middle) / len(middle)
@@ -50,7 +55,7 @@ def summarize_runs(runs: Sequence[dict]) -> List[dict]:
             **dict(zip(SETTING, key)), "row": key[-1], "runs": len(mine),
             "steps_per_s": statistics.median(r["steps_per_s"] for r in mine),
             "time_to_target_s": median_time(times),
-            "times_to_target_s": sorted(times, key=lambda t: (t is None, t or 0.0)),
+            "times_to_target_s": ranked(times),
             "final_accuracy": statistics.median(r["final_accuracy"] for r in mine),
             "push_bytes_per_sample": statistics.median(r["push_bytes_per_sample"]
                                                        for r in mine),
