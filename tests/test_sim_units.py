@@ -10,6 +10,7 @@ from ripples.schedule import adpsgd_pairs, static_partition
 from ripples.sim import (Compute, Link, Network, Problem, Scenario, Speed, simulate,
                          target_loss)
 from ripples.sim.cli import build_parser, main as cli_main, scenario_from_args
+from ripples.sim.loop import EventLoop
 from ripples.sim.sources import PerStep
 from ripples.sim.stats import Workers, allreduce_loss_curve
 
@@ -62,6 +63,77 @@ def test_a_pair_across_nodes_takes_its_own_bandwidth_and_nothing_else_does():
     assert net.allreduce_s(8e6, 4, 2) == pytest.approx(6 * (10e-6 + 2e6 / 1e9))
     with pytest.raises(ValueError, match="inter_pair_Bps"):
         Network(inter_pair_Bps=0.0)
+
+
+class _Collectives(EventLoop):
+    """Collectives started at given times, and when each ended (no workers compute)."""
+
+    def __init__(self, sharing, starts):
+        net = Network(workers_per_node=1, inter=Link(0.0, 1e9), link_sharing=sharing)
+        super().__init__(Scenario("static", 4, Compute(1.0), network=net, problem=SMALL,
+                                  horizon_s=10.0), None)
+        self.starts, self.ended = starts, {}
+
+    def start(self):
+        for at, members, parts, name in self.starts:
+            self.push(at, "begin", members, parts, name)
+        self.push(11.0, "computed", 0)  # past the horizon: the run ends there
+
+    def handlers(self):
+        return {"computed": None, "begin": self.start_collective, "end": self.end}
+
+    def start_collective(self, members, parts, name):
+        super().start_collective(members, parts, "end", name)
+
+    def end(self, name):
+        self.ended[name] = self.clock.now
+
+    def measure(self):
+        return 0.0, 0.0, 0.0
+
+
+def _ends(sharing, *starts):
+    loop = _Collectives(sharing, starts)
+    loop.run()
+    return loop.ended
+
+
+def test_fixed_shares_hold_for_the_whole_collective_fair_ones_follow_the_others():
+    # (start, members, (fixed_s, wire_s)): one node per worker, so (0, 1) crosses two NICs
+    together = [(0.0, (0, 1), (0.1, 1.0), "a"), (0.0, (0, 1), (0.1, 1.0), "b")]
+    # fixed: the first found the links free, the second shares them with it throughout
+    assert _ends("fixed", *together) == pytest.approx({"a": 1.1, "b": 2.1})
+    # fair: both at half the pace until both are done
+    assert _ends("fair", *together) == pytest.approx({"a": 2.1, "b": 2.1})
+    overlapping = [(0.0, (0, 1), (0.1, 1.0), "a"), (0.5, (1, 2), (0.0, 1.0), "b"),
+                   (0.0, (3,), (0.1, 1.0), "alone")]
+    assert _ends("fixed", *overlapping) == pytest.approx({"a": 1.1, "b": 2.5, "alone": 1.1})
+    # fair: a moves 0.5 alone, then 0.5 at half pace (done at 1.5, ends after its 0.1);
+    # b moves 0.5 at half pace until 1.5, then its last 0.5 alone
+    assert _ends("fair", *overlapping) == pytest.approx({"a": 1.6, "b": 2.0, "alone": 1.1})
+    # fair: the fixed cost (software, latencies) does not hold the links
+    after = [(0.0, (0, 1), (1.0, 1.0), "a"), (1.5, (0, 1), (0.0, 1.0), "b")]
+    assert _ends("fair", *after) == pytest.approx({"a": 2.0, "b": 2.5})
+    assert _ends("fixed", *after) == pytest.approx({"a": 2.0, "b": 3.5})
+    with pytest.raises(ValueError, match="link_sharing"):
+        Network(link_sharing="shared")
+
+
+def test_step_jitter_spreads_every_step_around_its_factor():
+    plain = Speed("stragglers", count=1, factor=5.0).sampler(2, seed=3)
+    assert [plain.factor(1) for _ in range(3)] == [5.0] * 3
+    spread = Speed("stragglers", count=1, factor=5.0, jitter=0.1).sampler(2, seed=3)
+    logs = np.log([spread.factor(1) for _ in range(20000)]) - math.log(5.0)
+    assert np.mean(logs) == pytest.approx(0.0, abs=0.005)
+    assert np.std(logs) == pytest.approx(0.1, rel=0.05)
+    again = Speed("stragglers", count=1, factor=5.0, jitter=0.1).sampler(2, seed=3)
+    assert again.factor(1) == pytest.approx(5.0 * math.exp(logs[0]))  # the seed decides
+    assert spread.expected[1] == pytest.approx(5.0 * math.exp(0.1 ** 2 / 2))
+    with pytest.raises(ValueError, match="jitter"):
+        Speed(jitter=-0.1)
+    args = build_parser().parse_args(["--link-sharing", "fair", "--step-jitter", "0.05"])
+    scenario, _ = scenario_from_args(args)
+    assert scenario.network.link_sharing == "fair" and scenario.speed.jitter == 0.05
 
 
 def test_parameter_averaging_keeps_the_sum_and_gradient_averaging_keeps_agreement():

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from ..schedule.base import POLICIES
 from . import report
-from .network import ALGORITHMS, Link, Network
+from .network import ALGORITHMS, LINK_SHARING, Link, Network
 from .runner import sweep
 from .scenario import MODES, TARGET_ON, Scenario
 from .stats import Problem
@@ -83,6 +83,9 @@ all-reduce reaches after --target-steps synchronous steps. Example:
     g.add_argument("--slow-probability", type=float, default=0.1,
                    help="probability that a step is slow (random)")
     g.add_argument("--sigma", type=float, default=0.5, help="spread of speeds (lognormal)")
+    g.add_argument("--step-jitter", type=float, default=0.0,
+                   help="every step's time also times exp(JITTER * N(0,1)), drawn per step "
+                        "(default 0: identical workers step in exact ties)")
     g.add_argument("--step-ms", type=float, help="measured compute time of one step (ms); "
                    "default 100 unless --flops-per-step and --device-tflops are given")
     g.add_argument("--flops-per-step", type=float, help="FLOPs of one step (forward+backward)")
@@ -97,6 +100,10 @@ all-reduce reaches after --target-steps synchronous steps. Example:
                    help="inter-node bandwidth of a two-member collective on two nodes, Gb/s "
                         "(default: --inter-gbps)")
     g.add_argument("--algorithm", choices=ALGORITHMS, default="ring", help="all-reduce algorithm")
+    g.add_argument("--link-sharing", choices=LINK_SHARING, default="fixed",
+                   help="how collectives crossing a node's inter-node link share it: fixed "
+                        "(each at the share it found when it started) or fair (revised as "
+                        "others start and end; use with --step-jitter)")
     g.add_argument("--collective-overhead-us", type=float,
                    help="fixed software cost of every collective (default 0)")
     g.add_argument("--service-latency-us", type=float,
@@ -183,9 +190,10 @@ def scenario_from_args(args) -> tuple:
         algorithm=args.algorithm, overhead_s=values["collective_overhead_us"] * 1e-6,
         service_s=values["service_latency_us"] * 1e-6,
         exchange_overhead_s=values["exchange_overhead_us"] * 1e-6,
-        inter_pair_Bps=None if args.inter_pair_gbps is None else args.inter_pair_gbps * 1e9 / 8)
+        inter_pair_Bps=None if args.inter_pair_gbps is None else args.inter_pair_gbps * 1e9 / 8,
+        link_sharing=args.link_sharing)
     speed = Speed(args.speed, count=args.stragglers, factor=args.slow_factor,
-                  probability=args.slow_probability, sigma=args.sigma)
+                  probability=args.slow_probability, sigma=args.sigma, jitter=args.step_jitter)
     problem = Problem(dim=args.dim, lr=args.lr, momentum=args.momentum, batch=args.local_batch,
                       margin=10.0, seed=args.seed)
     workers = [int(w) for w in str(values["workers"]).split(",") if w]

@@ -120,15 +120,15 @@ class _Run(EventLoop):
             self.start_group(seq, group, w)
 
     def start_group(self, seq: int, group: tuple, last: int) -> None:
-        nodes, sharing = self.occupy_links(group)
-        cost = self.s.network.allreduce_s(self.s.model_bytes, len(group), max(len(nodes), 1),
-                                          sharing)
-        if self.gradient_mode and self.s.overlap:
-            cost = max(cost - self.s.overlap * self.last_compute[last], 0.0)
-        self.push(self.clock.now + cost, "averaged", seq, group, nodes)
+        network = self.s.network
+        fixed, wire = network.allreduce_parts(self.s.model_bytes, len(group),
+                                               max(len(network.nodes(group)), 1))
+        if self.gradient_mode and self.s.overlap:  # hidden behind the backward pass
+            hidden = self.s.overlap * self.last_compute[last]
+            fixed, wire = max(fixed - max(hidden - wire, 0.0), 0.0), max(wire - hidden, 0.0)
+        self.start_collective(group, (fixed, wire), "averaged", seq, group)
 
-    def averaged(self, seq: int, group: tuple, nodes) -> None:
-        self.release_links(nodes)
+    def averaged(self, seq: int, group: tuple) -> None:
         if self.gradient_mode:
             self.stats.average_gradients(group)
         else:
@@ -153,12 +153,12 @@ class _Run(EventLoop):
 
     def start_exchange(self, passive: int) -> None:
         active = self.responder[passive][0]
-        nodes, sharing = self.occupy_links((active, passive))
-        cost = self.s.network.exchange_s(self.s.model_bytes, max(len(nodes), 1), sharing)
-        self.push(self.clock.now + cost, "exchanged", active, passive, nodes)
+        pair = (active, passive)
+        parts = self.s.network.exchange_parts(self.s.model_bytes,
+                                              len(self.s.network.nodes(pair)))
+        self.start_collective(pair, parts, "exchanged", active, passive)
 
-    def exchanged(self, active: int, passive: int, nodes: tuple) -> None:
-        self.release_links(nodes)
+    def exchanged(self, active: int, passive: int) -> None:
         self.stats.average_parameters((active, passive),
                                       computing=(passive,) if self.computing[passive] else ())
         self.groups += 1

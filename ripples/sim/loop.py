@@ -11,7 +11,7 @@ import dataclasses
 import heapq
 import itertools
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .scenario import Scenario
 from .stats import Workers
@@ -58,6 +58,20 @@ class RunResult:
         return self.curve[-1][1] if self.curve else float("nan")
 
 
+@dataclasses.dataclass
+class _Crossing:
+    """A collective in flight across nodes: the seconds its bytes still need at a whole
+    share of its links (``wire_s``, as of ``since``), its cost after them, its end event,
+    its share now, and a version that tells its current end event from superseded ones."""
+    nodes: tuple
+    wire_s: float
+    fixed_s: float
+    done: tuple
+    since: float
+    share: float = 1.0
+    version: int = 0
+
+
 class Clock:
     """The simulated time, callable as a clock (the Group Generator reads it)."""
 
@@ -89,7 +103,10 @@ class EventLoop:
         self.groups = 0
         self.group_members = 0
         self.count = 0
-        self.node_flows = collections.Counter()  # multi-node transfers in flight per node
+        # collectives crossing between nodes (``start_collective``), and their keys per node
+        self.crossing: Dict[int, _Crossing] = {}
+        self.crossing_at: Dict[int, set] = collections.defaultdict(set)
+        self.crossing_ids = itertools.count()
 
     # -- what a mode provides ------------------------------------------------------
     def start(self) -> None:
@@ -112,7 +129,7 @@ class EventLoop:
         began = time.perf_counter()
         s = self.s
         self.start()
-        handlers = self.handlers()
+        handlers = self.handlers_now = {**self.handlers(), "crossed": self.crossed}
         end = s.horizon_s
         while self.events:
             at = self.events[0][0]
@@ -153,20 +170,65 @@ class EventLoop:
         self.steps[w] += 1
         self.computing[w] = False
 
-    def occupy_links(self, members: tuple) -> tuple:
-        """The nodes a transfer among ``members`` spans, and the share of their inter-node
-        links it gets; counts it on those links when it spans several nodes."""
-        nodes = self.s.network.nodes(members) if len(members) > 1 else ()
-        if len(nodes) <= 1:
-            return (), 1
-        sharing = 1 + max(self.node_flows[node] for node in nodes)
-        for node in nodes:
-            self.node_flows[node] += 1
-        return tuple(nodes), sharing
+    def start_collective(self, members: tuple, parts: Tuple[float, float], kind: str,
+                         *args) -> None:
+        """Start a collective among ``members`` whose cost is ``parts``: ``(fixed_s,
+        wire_s)`` from the network model; the event ``kind(*args)`` comes when it ends.
 
-    def release_links(self, nodes: tuple) -> None:
+        Within one node it takes ``fixed_s + wire_s``. Across nodes its bytes share the
+        inter-node link of every node it spans with the other collectives crossing there
+        (``Network.link_sharing``): ``"fixed"``, at ``1 / k`` of its own pace throughout,
+        ``k`` the most collectives in flight on any of its nodes when it starts (itself
+        included), holding the links to its end; ``"fair"``, at ``1 / k`` with ``k``
+        revised whenever a collective on its nodes starts or ends, and off the links once
+        its bytes have crossed, when it pays ``fixed_s`` (software cost, latencies)."""
+        fixed_s, wire_s = parts
+        nodes = tuple(sorted(self.s.network.nodes(members))) if len(members) > 1 else ()
+        if len(nodes) <= 1:
+            self.push(self.clock.now + fixed_s + wire_s, kind, *args)
+            return
+        key = next(self.crossing_ids)
+        crossing = self.crossing[key] = _Crossing(nodes, wire_s, fixed_s, (kind, args),
+                                                  self.clock.now)
         for node in nodes:
-            self.node_flows[node] -= 1
+            self.crossing_at[node].add(key)
+        if self.s.network.link_sharing == "fair":
+            self._reshare(nodes)
+            return
+        crossing.share = 1.0 / max(len(self.crossing_at[node]) for node in nodes)
+        crossing.version += 1
+        self.push(self.clock.now + fixed_s + wire_s / crossing.share, "crossed", key,
+                  crossing.version)
+
+    def _reshare(self, nodes: tuple) -> None:
+        """Fair sharing: revise the share of every collective crossing at ``nodes``, and
+        its end."""
+        now = self.clock.now
+        for key in sorted(set().union(*(self.crossing_at[node] for node in nodes))):
+            c = self.crossing[key]
+            c.wire_s = max(c.wire_s - (now - c.since) * c.share, 0.0)
+            c.since = now
+            c.share = 1.0 / max(len(self.crossing_at[node]) for node in c.nodes)
+            c.version += 1
+            self.push(now + c.wire_s / c.share, "crossed", key, c.version)
+
+    def crossed(self, key: int, version: int) -> None:
+        """A collective's bytes have crossed (unless its share changed since this event
+        was due): its links go to the others, and it ends (under fair sharing, after its
+        fixed cost)."""
+        c = self.crossing.get(key)
+        if c is None or c.version != version:
+            return
+        del self.crossing[key]
+        for node in c.nodes:
+            self.crossing_at[node].discard(key)
+        kind, args = c.done
+        if self.s.network.link_sharing == "fair":
+            self._reshare(c.nodes)
+            if c.fixed_s > 0:
+                self.push(self.clock.now + c.fixed_s, kind, *args)
+                return
+        self.handlers_now[kind](*args)  # ends now, in this event's place in the order
 
     # -- measurement ---------------------------------------------------------------
     def evaluate(self) -> None:

@@ -26,19 +26,30 @@ direction, so every step of it waits for one inter-node transfer):
   messages (the doorbell, the service thread's wake-up and the client's poll, measured by
   ``benchmarks/latency_after_idle.py``).
 
-Contention, kept simple: every node has one inter-node link (NIC). A collective that spans
-several nodes shares the NIC of each of them with the other multi-node collectives in
-flight there when it starts; its inter-node bandwidth is divided by the largest such count
-(``sharing``). The share is fixed when the collective starts and not revised when others
-start or end; intra-node links are not shared.
+Contention: every node has one inter-node link (NIC), shared by the collectives that
+cross it (the simulation's loop applies it: ``EventLoop.start_collective``), in one of two
+ways (``link_sharing``):
+
+* ``"fixed"`` (the default): a collective's inter-node bandwidth is divided by the most
+  multi-node collectives in flight on any of its nodes when it starts, itself included,
+  for its whole duration; the share is not revised when others start or end.
+* ``"fair"``: its bytes (``wire_s`` of ``allreduce_parts``) move at ``1 / k`` of their own
+  pace, ``k`` the most collectives crossing any of its nodes at that moment, revised
+  whenever one starts or ends; its software cost and latencies (``fixed_s``) do not hold
+  the links. Identical workers then finish in exact ties, which the fixed shares break by
+  start order: use it with some per-step spread (``Speed.jitter``).
+
+``allreduce_s`` with ``sharing`` is the cost under a share that stays the same
+throughout. Intra-node links are not shared.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 ALGORITHMS = ("ring", "tree")
+LINK_SHARING = ("fixed", "fair")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +74,7 @@ class Network:
     service_s: float = 0.0
     exchange_overhead_s: float = 0.0
     inter_pair_Bps: Optional[float] = None  # None: the inter link's bandwidth
+    link_sharing: str = "fixed"  # or "fair" (see the module docstring)
 
     def __post_init__(self):
         if self.workers_per_node < 1:
@@ -72,6 +84,9 @@ class Network:
         for name in ("overhead_s", "service_s", "exchange_overhead_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.link_sharing not in LINK_SHARING:
+            raise ValueError(f"link_sharing must be one of {LINK_SHARING}, "
+                             f"got {self.link_sharing!r}")
         if self.inter_pair_Bps is not None and not self.inter_pair_Bps > 0:
             raise ValueError(f"inter_pair_Bps must be > 0 or None, got {self.inter_pair_Bps!r}")
 
@@ -86,27 +101,37 @@ class Network:
 
     def allreduce_s(self, nbytes: float, members: int, nodes: int, sharing: int = 1) -> float:
         """Seconds of an all-reduce of ``nbytes`` among ``members`` workers on ``nodes``
-        nodes whose inter-node links are each shared by ``sharing`` collectives."""
+        nodes whose inter-node links are each shared by ``sharing`` collectives throughout."""
+        fixed, wire = self.allreduce_parts(nbytes, members, nodes)
+        return fixed + wire * (1 if nodes <= 1 else max(sharing, 1))
+
+    def allreduce_parts(self, nbytes: float, members: int, nodes: int) -> Tuple[float, float]:
+        """An all-reduce's cost in two parts: ``(fixed_s, wire_s)``, the software cost and
+        latencies, and the seconds its bytes take at a whole share of the links (the part
+        that other collectives crossing the same nodes slow down)."""
         if members <= 1:
-            return 0.0
+            return 0.0, 0.0
         link = self.intra if nodes <= 1 else self.inter
         bandwidth = link.bandwidth_Bps
         if nodes > 1 and members == 2 and self.inter_pair_Bps is not None:
             bandwidth = self.inter_pair_Bps
-        bandwidth /= 1 if nodes <= 1 else max(sharing, 1)
         if self.algorithm == "ring":
             steps = 2 * (members - 1)
-            cost = steps * (link.latency_s + nbytes / members / bandwidth)
-        else:
-            cost = 2 * math.ceil(math.log2(members)) * link.latency_s + 2 * nbytes / bandwidth
-        return self.overhead_s + cost
+            return self.overhead_s + steps * link.latency_s, steps * nbytes / members / bandwidth
+        return (self.overhead_s + 2 * math.ceil(math.log2(members)) * link.latency_s,
+                2 * nbytes / bandwidth)
 
     def exchange_s(self, nbytes: float, nodes: int, sharing: int = 1) -> float:
         """Seconds of an AD-PSGD exchange of ``nbytes`` between two workers on ``nodes``
-        nodes (1 or 2) whose inter-node links are each shared by ``sharing`` transfers."""
+        nodes (1 or 2) whose inter-node links are each shared by ``sharing`` transfers
+        throughout."""
+        fixed, wire = self.exchange_parts(nbytes, nodes)
+        return fixed + wire * (1 if nodes <= 1 else max(sharing, 1))
+
+    def exchange_parts(self, nbytes: float, nodes: int) -> Tuple[float, float]:
+        """An AD-PSGD exchange's cost as ``(fixed_s, wire_s)`` (see ``allreduce_parts``)."""
         link = self.intra if nodes <= 1 else self.inter
-        bandwidth = link.bandwidth_Bps / (1 if nodes <= 1 else max(sharing, 1))
-        return self.exchange_overhead_s + 2 * (link.latency_s + nbytes / bandwidth)
+        return self.exchange_overhead_s + 2 * link.latency_s, 2 * nbytes / link.bandwidth_Bps
 
     def message_s(self, nbytes: float, a: int, b: int) -> float:
         """One point-to-point message between workers ``a`` and ``b`` (e.g. to the

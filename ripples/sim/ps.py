@@ -118,14 +118,13 @@ class ParameterServerRun(EventLoop):
         key = self.community[w]
         self.round_gradients[key][w] = gradient
         if len(self.round_gradients[key]) == len(key[1]):  # the last member arrived
-            nodes, sharing = self.occupy_links(key[1])
-            cost = self.s.network.allreduce_s(self.s.model_bytes, len(key[1]),
-                                              max(len(nodes), 1), sharing)
-            self.push(self.clock.now + cost, "reduced", key, nodes)
+            network = self.s.network
+            parts = network.allreduce_parts(self.s.model_bytes, len(key[1]),
+                                            max(len(network.nodes(key[1])), 1))
+            self.start_collective(key[1], parts, "reduced", key)
 
-    def reduced(self, key: tuple, nodes: tuple) -> None:
+    def reduced(self, key: tuple) -> None:
         """A CASP community's P-Reduce ended: its leader pushes the mean."""
-        self.release_links(nodes)
         gradients = self.round_gradients.pop(key)
         mean = np.mean([gradients[m] for m in key[1]], axis=0)
         leader = key[1][0]

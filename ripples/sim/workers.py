@@ -54,12 +54,16 @@ class Speed:
         ``"lognormal"``: worker ``w`` has a fixed factor ``exp(sigma * z_w)``, ``z_w``
             standard normal drawn once from ``seed`` (persistent spread of speeds), floored
             at 0.1 so no worker is implausibly fast.
+    jitter: every step's factor is also multiplied by ``exp(jitter * z)``, ``z`` standard
+        normal drawn per step from ``seed`` (the small spread of real step times; 0: none,
+        and identical workers step in exact ties).
     """
     kind: str = "homogeneous"
     count: int = 1
     factor: float = 5.0
     probability: float = 0.1
     sigma: float = 0.5
+    jitter: float = 0.0
 
     def __post_init__(self):
         if self.kind not in SPEED_MODELS:
@@ -72,6 +76,8 @@ class Speed:
             raise ValueError(f"count must be >= 0, got {self.count!r}")
         if not self.sigma >= 0:
             raise ValueError(f"sigma must be >= 0, got {self.sigma!r}")
+        if not self.jitter >= 0:
+            raise ValueError(f"jitter must be >= 0, got {self.jitter!r}")
 
     def sampler(self, workers: int, seed: int) -> "SpeedSampler":
         return SpeedSampler(self, workers, seed)
@@ -97,15 +103,31 @@ class SpeedSampler:
             self.expected = np.full(workers, 1 + speed.probability * (speed.factor - 1))
         else:
             self.expected = fixed.copy()
-        self._draws = np.empty(0)
-        self._next = 0
+        self.expected *= np.exp(speed.jitter ** 2 / 2)  # the mean of the lognormal spread
+        self._draws = _Blocks(self._rng.random)
+        self._spread = _Blocks(np.random.default_rng([seed, 11]).standard_normal)
 
     def factor(self, worker: int) -> float:
         """The factor of ``worker``'s next step."""
         if self.speed.kind != "random":
-            return float(self._fixed[worker])
-        if self._next == len(self._draws):  # draw in blocks: one numpy call per 4,096 steps
-            self._draws, self._next = self._rng.random(4096), 0
-        u = self._draws[self._next]
-        self._next += 1
-        return self.speed.factor if u < self.speed.probability else 1.0
+            factor = float(self._fixed[worker])
+        else:
+            factor = self.speed.factor if self._draws.next() < self.speed.probability else 1.0
+        if self.speed.jitter:
+            factor *= float(np.exp(self.speed.jitter * self._spread.next()))
+        return factor
+
+
+class _Blocks:
+    """Numbers from ``draw(size)``, drawn 4,096 at a time (one numpy call per block)."""
+
+    def __init__(self, draw):
+        self.draw = draw
+        self.block = np.empty(0)
+        self.at = 0
+
+    def next(self) -> float:
+        if self.at == len(self.block):
+            self.block, self.at = self.draw(4096), 0
+        self.at += 1
+        return self.block[self.at - 1]
