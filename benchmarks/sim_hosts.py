@@ -18,7 +18,10 @@ ranks per host, the model's bytes (the MLP plus ``--model-mb``), and the links a
   flow);
 * ``allreduce_pair`` (where the link file has it): ``allreduce``, and for a group of two
   on two hosts the bandwidth at which the ring reproduces the raw ``MPI.Allreduce``
-  between two ranks on two hosts (``--inter-pair-gbps``).
+  between two ranks on two hosts (``--inter-pair-gbps``);
+* ``fair``: the last of these, with the links shared fairly for as long as collectives
+  overlap (``--link-sharing fair``) and a 2% spread of step times (``--step-jitter
+  0.02``), which fair sharing needs: without it identical workers finish in exact ties.
 
 Neither comes from the training runs. The target (all-reduce steps to the target accuracy)
 comes from ``--target-from``, a run of the same MLP, when a run's own all-reduce never
@@ -28,13 +31,16 @@ mode, model) and the error of the simulation.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import shlex
 import sys
 from pathlib import Path
 
 from harness import report, stats
 
 MLP_MB = 0.03588  # the digits MLP's 8,970 float32 parameters (``ripples sim`` preset)
+FAIR_STEP_JITTER = 0.02
 
 
 def ring_bandwidth(nbytes: float, members: int, seconds: float, latency_s: float) -> float:
@@ -61,6 +67,8 @@ def calibrations(link: dict) -> dict:
         pair = ring_bandwidth(link["model_mb"] * 1e6, 2, pair_s, inter["latency_us"] * 1e-6)
         found["allreduce_pair"] = found["allreduce"] + ["--inter-pair-gbps",
                                                          f"{pair * 8 / 1e9:.4f}"]
+    found["fair"] = list(found.get("allreduce_pair", found["allreduce"])) + [
+        "--link-sharing", "fair", "--step-jitter", str(FAIR_STEP_JITTER)]
     return found
 
 
@@ -91,8 +99,16 @@ def main(argv=None) -> int:
     parser.add_argument("--target-from", default=str(Path(__file__).parent / "results" /
                                                      "train_np8.json"),
                         help="run whose homogeneous all-reduce gives the target in steps")
+    parser.add_argument("--sim-flags", default="",
+                        help="more ripples sim flags for every calibration, e.g. "
+                             "--sim-flags='--step-jitter 0.02'")
+    parser.add_argument("--seeds", default="",
+                        help="comma-separated simulator seeds, each run simulated with every "
+                             "one (rows: the median over runs and seeds, and the range of "
+                             "the error); default: each run's own seed")
     parser.add_argument("--json", help="write the comparison here")
     args = parser.parse_args(argv)
+    seeds = [["--seed", seed] for seed in args.seeds.split(",") if seed] or [[]]
     from ripples.sim.validation import compare, target_steps
 
     link = median_link([json.loads(Path(path).read_text()) for path in args.link])
@@ -101,13 +117,14 @@ def main(argv=None) -> int:
     per_row: dict = {}
     for path in args.runs:
         run = json.loads(Path(path).read_text())
-        model = ["--model-mb", str(MLP_MB + run["args"]["model_mb"])]
-        for name, extra in flags.items():
-            for row in compare(run, extra + model, steps=steps):
+        model = ["--model-mb", str(MLP_MB + run["args"]["model_mb"]),
+                 *shlex.split(args.sim_flags)]
+        for (name, extra), seed in itertools.product(flags.items(), seeds):
+            for row in compare(run, extra + model + seed, steps=steps):
                 key = (run["args"]["model_mb"], row["scenario"], row["mode"])
                 entry = per_row.setdefault(key, {"measured": [], "sim": {}, "group": [],
                                                  "sim_group": {}})
-                if name == "pingpong":
+                if name == "pingpong" and seed == seeds[0]:
                     entry["measured"].append(row["measured_steps_per_s"])
                     if row["measured_mean_group_size"] is not None:
                         entry["group"].append(row["measured_mean_group_size"])
@@ -122,6 +139,9 @@ def main(argv=None) -> int:
         for name, values in entry["sim"].items():
             row[f"sim_{name}_steps_per_s"] = stats.median(values)
             row[f"error_{name}"] = stats.median(values) / measured - 1
+            if len(seeds) > 1:
+                row[f"error_{name}_range"] = [min(values) / measured - 1,
+                                              max(values) / measured - 1]
         # members per collective, measured and simulated (medians over the runs)
         row["measured_mean_group_size"] = (stats.median(entry["group"]) if entry["group"]
                                            else None)
@@ -141,6 +161,7 @@ def main(argv=None) -> int:
               ", ".join(f"{r[f'sim_{n}_mean_group_size']:.2f}" for n in flags))
     if args.json:
         report.write_json(args.json, {"link": args.link, "runs": args.runs,
+                                      "sim_flags": args.sim_flags, "seeds": args.seeds,
                                       "target_steps": steps, "calibrations": flags,
                                       "rows": rows})
     return 0

@@ -93,3 +93,11 @@ def test_the_pair_calibration_adds_the_bandwidth_that_reproduces_the_measured_pa
     network = Network(workers_per_node=2, inter=Link(90e-6, 1.0),
                       inter_pair_Bps=gbps * 1e9 / 8)
     assert network.allreduce_s(20e6, 2, 2) == pytest.approx(0.4, rel=1e-3)
+
+
+def test_the_fair_calibration_is_the_last_one_with_fair_links_and_a_step_spread():
+    fair_tail = ["--link-sharing", "fair", "--step-jitter", "0.02"]
+    paired = sim_hosts.calibrations(_link(pair_s=0.4))
+    assert paired["fair"] == paired["allreduce_pair"] + fair_tail
+    unpaired = sim_hosts.calibrations(_link())
+    assert unpaired["fair"] == unpaired["allreduce"] + fair_tail
