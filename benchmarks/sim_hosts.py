@@ -90,41 +90,24 @@ def median_link(links: list) -> dict:
     return merged
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--link", nargs="+", required=True,
-                        help="benchmarks/link.py's JSON (several: their medians)")
-    parser.add_argument("--runs", nargs="+", required=True, help="train.py --netcluster JSONs")
-    parser.add_argument("--target-from", default=str(Path(__file__).parent / "results" /
-                                                     "train_np8.json"),
-                        help="run whose homogeneous all-reduce gives the target in steps")
-    parser.add_argument("--sim-flags", default="",
-                        help="more ripples sim flags for every calibration, e.g. "
-                             "--sim-flags='--step-jitter 0.02'")
-    parser.add_argument("--seeds", default="",
-                        help="comma-separated simulator seeds, each run simulated with every "
-                             "one (rows: the median over runs and seeds, and the range of "
-                             "the error); default: each run's own seed")
-    parser.add_argument("--json", help="write the comparison here")
-    args = parser.parse_args(argv)
-    seeds = [["--seed", seed] for seed in args.seeds.split(",") if seed] or [[]]
-    from ripples.sim.validation import compare, target_steps
+def compare_runs(runs: list, steps: int, flags: dict, seeds=(), sim_flags=()) -> list:
+    """One row per (model, scenario, mode) of the training ``runs``: the median measured
+    steps per second, and per calibration of ``flags`` the median simulated one over the
+    runs and ``seeds`` (none: each run's own seed), its error and, with several seeds, the
+    error's range; members per collective likewise."""
+    from ripples.sim.validation import compare
 
-    link = median_link([json.loads(Path(path).read_text()) for path in args.link])
-    steps = target_steps(json.loads(Path(args.target_from).read_text()))
-    flags = calibrations(link)
+    seeds = [["--seed", str(seed)] for seed in seeds] or [[]]
+    first = next(iter(flags))
     per_row: dict = {}
-    for path in args.runs:
-        run = json.loads(Path(path).read_text())
-        model = ["--model-mb", str(MLP_MB + run["args"]["model_mb"]),
-                 *shlex.split(args.sim_flags)]
+    for run in runs:
+        model = ["--model-mb", str(MLP_MB + run["args"]["model_mb"]), *sim_flags]
         for (name, extra), seed in itertools.product(flags.items(), seeds):
             for row in compare(run, extra + model + seed, steps=steps):
                 key = (run["args"]["model_mb"], row["scenario"], row["mode"])
                 entry = per_row.setdefault(key, {"measured": [], "sim": {}, "group": [],
                                                  "sim_group": {}})
-                if name == "pingpong" and seed == seeds[0]:
+                if name == first and seed == seeds[0]:
                     entry["measured"].append(row["measured_steps_per_s"])
                     if row["measured_mean_group_size"] is not None:
                         entry["group"].append(row["measured_mean_group_size"])
@@ -148,6 +131,35 @@ def main(argv=None) -> int:
         for name, values in entry["sim_group"].items():
             row[f"sim_{name}_mean_group_size"] = stats.median(values)
         rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--link", nargs="+", required=True,
+                        help="benchmarks/link.py's JSON (several: their medians)")
+    parser.add_argument("--runs", nargs="+", required=True, help="train.py --netcluster JSONs")
+    parser.add_argument("--target-from", default=str(Path(__file__).parent / "results" /
+                                                     "train_np8.json"),
+                        help="run whose homogeneous all-reduce gives the target in steps")
+    parser.add_argument("--sim-flags", default="",
+                        help="more ripples sim flags for every calibration, e.g. "
+                             "--sim-flags='--step-jitter 0.02'")
+    parser.add_argument("--seeds", default="",
+                        help="comma-separated simulator seeds, each run simulated with every "
+                             "one (rows: the median over runs and seeds, and the range of "
+                             "the error); default: each run's own seed")
+    parser.add_argument("--json", help="write the comparison here")
+    args = parser.parse_args(argv)
+    from ripples.sim.validation import target_steps
+
+    link = median_link([json.loads(Path(path).read_text()) for path in args.link])
+    steps = target_steps(json.loads(Path(args.target_from).read_text()))
+    flags = calibrations(link)
+    rows = compare_runs([json.loads(Path(path).read_text()) for path in args.runs],
+                        steps, flags, [seed for seed in args.seeds.split(",") if seed],
+                        shlex.split(args.sim_flags))
     print(f"{'model MB':>8} {'scenario':<12} {'mode':<15} {'measured':>8} " +
           " ".join(f"{'sim ' + n:>14} {'error':>6}" for n in flags) +
           "   members per collective: measured, " + ", ".join(f"sim {n}" for n in flags))
