@@ -11,9 +11,10 @@ one GPU), so this measures what ripples adds around the call, not the network:
 - ``ripples allreduce_``: ``hvd.allreduce_`` of a CUDA tensor in a one-rank job (the whole
   Python path; a group of one makes no NCCL call, it scales in place), then a sync.
 
-Creation: ``ncclCommInitRank`` (through cupy) for a one-rank communicator, median of
-``--inits``; whether cupy exposes ``ncclCommSplit`` (not measured). Times are medians of
-``--iters`` calls, the four rows interleaved so that they see the same machine.
+Creation, each a median of ``--inits``: ``ncclCommInitRank`` (through cupy) for a one-rank
+communicator, and ``ncclCommSplit`` of a one-rank parent, without and with resource
+sharing (``split_share``), where cupy exposes it. Times are medians of ``--iters`` calls,
+the four rows interleaved so that they see the same machine.
 
     ripplesrun -np 1 python benchmarks/gpu_nccl.py [--iters 200] [--inits 5] [--json PATH]
 """
@@ -86,9 +87,13 @@ def main(argv=None) -> dict:
         comm = nccl.NcclCommunicator(1, uid, 0)
         inits.append(time.perf_counter() - start)
         comm.destroy()
-    split = hasattr(nccl.NcclCommunicator, "commSplit") or hasattr(nccl, "commSplit")
+    split = hasattr(nccl.NcclCommunicator, "commSplit")
     print(f"ncclCommInitRank (1 rank): median {stats.median(inits) * 1e3:.1f} ms of {args.inits}; "
           f"ncclCommSplit through cupy: {'available' if split else 'not exposed'}")
+    splits = split_times(nccl, args.inits) if split else {}
+    for name, times in splits.items():
+        print(f"ncclCommSplit ({name}, 1 rank): median {stats.median(times) * 1e3:.2f} ms "
+              f"of {len(times)}")
     ours.close()
     unwatched.close()
     dog.close()
@@ -97,10 +102,39 @@ def main(argv=None) -> dict:
         "nccl": nccl_version(), "torch": torch.__version__, "iters": args.iters,
         "rows": rows, "init_rank_ms": [t * 1e3 for t in inits],
         "comm_split_exposed_by_cupy": split,
+        **{f"split_{name}_ms": [t * 1e3 for t in times] for name, times in splits.items()},
     }, report.command_line(None if argv is None else ["benchmarks/gpu_nccl.py", *argv]))
     if args.json:
         report.write_json(args.json, result)
     return result
+
+
+def split_times(nccl, count: int) -> dict:
+    """Seconds of ``count`` ``ncclCommSplit`` calls of a one-rank parent, by setting:
+    ``plain``, and ``shared`` (``split_share=1``: the child reuses the parent's resources)
+    where cupy's ``NcclConfig`` takes it. A setting that fails is printed and left out."""
+    parent = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    settings = {"plain": None}
+    config_type = getattr(nccl, "NcclConfig", None)
+    if config_type is not None:
+        try:
+            settings["shared"] = config_type(split_share=1)
+        except Exception as exc:  # an older cupy's NcclConfig takes other arguments
+            print(f"NcclConfig(split_share=1) failed: {exc!r}")
+    times: dict = {}
+    for name, config in settings.items():
+        try:
+            for _ in range(count):
+                start = time.perf_counter()
+                child = (parent.commSplit(0, 0) if config is None
+                         else parent.commSplit(0, 0, config))
+                times.setdefault(name, []).append(time.perf_counter() - start)
+                child.destroy()
+        except Exception as exc:
+            print(f"ncclCommSplit ({name}) failed: {exc!r}")
+            times.pop(name, None)
+    parent.destroy()
+    return times
 
 
 if __name__ == "__main__":

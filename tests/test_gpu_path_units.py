@@ -86,6 +86,7 @@ def test_an_nccl_operation_past_its_deadline_aborts_the_communicator_and_names_t
         monkeypatch):
     """The wiring of NcclCommunicator to its watchdog, with fake CUDA events and stream
     (the logic itself: tests/test_nccl_watchdog.py)."""
+    from ripples.comm import nccl as nccl_module
     from ripples.comm.nccl import NcclCommunicator
     from ripples.comm.nccl_watchdog import NcclWatchdog
     from ripples.core.errors import RipplesTimeoutError
@@ -101,9 +102,8 @@ def test_an_nccl_operation_past_its_deadline_aborts_the_communicator_and_names_t
             return self is events[0]  # the operation began; it never finishes
 
     events = []
-    monkeypatch.setattr(torch.cuda, "Event", lambda: events.append(Event()) or events[-1])
-    monkeypatch.setattr(torch.cuda, "current_stream",
-                        lambda device: type("Stream", (), {"cuda_stream": 7})())
+    monkeypatch.setattr(nccl_module, "CudaEvent", lambda index: events.append(Event()) or events[-1])
+    monkeypatch.setattr(nccl_module, "current_stream_handle", lambda index: 7)
     calls = []
 
     class Comm:

@@ -128,8 +128,7 @@ def test_launches_wrap_each_devices_stream_once_even_where_handles_are_equal(mon
     monkeypatch.setattr(cuda, "load_module", lambda index: type("Module", (), {
         "get_function": lambda self, name: lambda grid, block, args: launched.append(
             (index, name))})())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda index: type(
-        "S", (), {"cuda_stream": handles[index]})())
+    monkeypatch.setattr(cuda, "current_stream_handle", lambda index: handles[index])
     for _ in range(3):
         for index in (0, 1):
             cuda._launch(index, "k", (1,), ())

@@ -126,3 +126,78 @@ def test_a_stream_of_short_operations_does_not_wake_the_thread_for_each():
         assert 1 <= len(passes) <= elapsed / poll_s + 2, (len(passes), elapsed)
     finally:
         dog.close()
+
+
+def test_a_completed_operations_events_are_handed_out_again_and_pending_ones_are_not():
+    dog, clock = watchdog()
+    running, finished = (Event(True), Event()), (Event(True), Event(True))
+    dog.track("allreduce", "comm", "world", *running, lambda: None)
+    dog.track("allreduce", "comm", "world", *finished, lambda: None)
+    assert dog.reusable_events("comm") is None  # its oldest is still running
+    dog.check()  # a pass puts the finished one's events on the free list
+    assert dog.reusable_events("other comm") is None  # events stay with their owner
+    assert dog.reusable_events("comm") == finished
+    assert dog.reusable_events("comm") is None  # the other is still running
+    running[1].complete = True
+    dog.check()
+    dog.forget("comm")  # a closed communicator's events go with it
+    assert dog.reusable_events("comm") is None
+
+
+def test_at_most_max_free_events_pairs_are_kept_per_communicator():
+    dog, _ = watchdog()
+    for _ in range(NcclWatchdog.MAX_FREE_EVENTS + 5):
+        dog.track("allreduce", "comm", "world", Event(True), Event(True), lambda: None)
+    dog.check()
+    kept = []
+    while (pair := dog.reusable_events("comm")) is not None:
+        kept.append(pair)
+    assert len(kept) == NcclWatchdog.MAX_FREE_EVENTS
+
+
+def test_an_aborted_operations_events_are_not_handed_out():
+    dog, clock = watchdog(timeout_s=5.0)
+    dog.track("allreduce", "comm", "world", Event(True), Event(), lambda: None)
+    dog.check()
+    clock.now += 6
+    dog.check()
+    assert dog.reusable_events("comm") is None
+
+
+def test_a_caller_that_outruns_the_passes_takes_back_its_oldest_finished_operation():
+    """A caller waiting for each result issues many operations between two passes; the
+    oldest of its communicator, once done, is taken out of pending and its events reused."""
+    dog, _ = watchdog()
+    first = (Event(True), Event(True))
+    dog.track("allreduce", "other comm", "world", Event(True), Event(), lambda: None)
+    dog.track("allreduce", "comm", "world", *first, lambda: None)
+    assert dog.reusable_events("comm") == first
+    assert [op.owner for op in dog.pending] == ["other comm"]
+    running = (Event(True), Event())
+    dog.track("allreduce", "comm", "world", *running, lambda: None)
+    assert dog.reusable_events("comm") is None  # its oldest is still running
+    assert len(dog.pending) == 2
+
+
+def test_operations_taken_back_by_the_caller_do_not_wake_the_thread_for_each():
+    """A caller that waits for each result takes its finished operation back before the next
+    (pending is empty again each time): tracking must still not wake the thread once per
+    operation (each wake takes the GIL from the caller), only from its untimed wait."""
+    import time
+
+    poll_s = 0.2
+    dog = NcclWatchdog(30.0, poll_s=poll_s)
+    wakes = []
+    notify = dog._cond.notify
+    dog._cond.notify = lambda *a: (wakes.append(1), notify(*a))
+    try:
+        began = time.monotonic()
+        for _ in range(100):
+            pair = dog.reusable_events("comm") or (Event(True), Event(True))
+            dog.track("allreduce", "comm", "world", *pair, lambda: None)
+            time.sleep(0.001)
+        elapsed = time.monotonic() - began
+        assert len(wakes) <= elapsed / poll_s + 2, (len(wakes), elapsed)
+        assert len(dog.pending) == 1  # the last one, not yet taken back
+    finally:
+        dog.close()

@@ -14,6 +14,7 @@ from typing import Optional, Union
 import torch
 
 from ripples.core.errors import RipplesError
+from ripples.kernels.streams import CudaEvent, current_stream_handle
 
 OPS = ("sum", "min", "max", "prod", "avg")
 
@@ -126,8 +127,9 @@ class NcclCommunicator:
         else a sum scaled by 1/size, floating dtypes only)."""
         nccl_op, post_scale = self._op(op, send_tensor)
         self._check(send_tensor, "send_tensor")
-        self._check(recv_tensor, "recv_tensor", like=send_tensor)
-        _same_numel(send_tensor, recv_tensor, 1, "recv_tensor", "send_tensor")
+        if recv_tensor is not send_tensor:  # in place, the usual case: checked already
+            self._check(recv_tensor, "recv_tensor", like=send_tensor)
+            _same_numel(send_tensor, recv_tensor, 1, "recv_tensor", "send_tensor")
         self._call("allreduce", self._comm.allReduce, send_tensor.data_ptr(),
                    recv_tensor.data_ptr(), send_tensor.numel(),
                    self._dtypes[send_tensor.dtype], nccl_op)
@@ -224,19 +226,20 @@ class NcclCommunicator:
             raise TypeError(f"{name} has dtype {tensor.dtype} but must match {like.dtype}")
 
     def _call(self, what: str, fn, *args) -> None:
-        stream = torch.cuda.current_stream(self.device)
-        if self.watchdog is not None:
-            began = torch.cuda.Event()
+        stream = current_stream_handle(self.device.index)
+        dog = self.watchdog
+        if dog is not None:
+            began, done = dog.reusable_events(self) or (CudaEvent(self.device.index),
+                                                        CudaEvent(self.device.index))
             began.record(stream)
         try:
-            fn(*args, stream.cuda_stream)
+            fn(*args, stream)
         except self._nccl.NcclError as exc:
             raise RipplesError(f"NCCL {what} failed on rank {self.rank} of {self.size}: "
                                f"{exc}") from exc
-        if self.watchdog is not None:
-            done = torch.cuda.Event()
+        if dog is not None:
             done.record(stream)
-            self.watchdog.track(what, self, self.label, began, done, self.abort)
+            dog.track(what, self, self.label, began, done, self.abort)
 
 
 def ranks_sharing_a_gpu(places: list) -> Optional[tuple]:

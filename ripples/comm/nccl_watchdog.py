@@ -21,10 +21,15 @@ events, one recorded just before it and one just after. The watchdog polls them:
   again); ``forget(owner)``, called when it is closed, drops it, so that a communicator
   built later for the same group starts clean.
 
+A completed operation's two events go back to its communicator (``reusable_events``: from
+the free list a pass fills, or the communicator's oldest pending operation once done), so
+the next operation records them again: creating and destroying two CUDA events per call
+cost more than recording them.
+
 Polling runs on one daemon thread, started with the first tracked operation: it waits on a
 condition while nothing is tracked, and makes a pass ``poll_s`` after work arrives and
-every ``poll_s`` while any is pending (never once per operation: waking the thread takes
-the GIL from the caller). The clock and
+every ``poll_s`` while any is pending; new work wakes it only from its untimed wait, never
+once per operation (waking the thread takes the GIL from the caller). The clock and
 the events are injected (``clock``, objects with ``query()``), so the logic is tested
 without a GPU; ``check()`` is one pass, for tests and for the thread.
 """
@@ -46,7 +51,7 @@ class Pending:
     what: str
     owner: object
     label: str
-    began: object  # has query() -> bool (a torch.cuda.Event)
+    began: object  # has query() -> bool (a ripples.kernels.streams.CudaEvent)
     done: object
     abort: Callable[[], None]
     started_at: Optional[float] = None  # when ``began`` was first seen complete
@@ -55,6 +60,8 @@ class Pending:
 class NcclWatchdog:
     """Tracks enqueued NCCL operations and aborts those past ``timeout_s`` (see the module
     docstring)."""
+
+    MAX_FREE_EVENTS = 64  # pairs kept per communicator; a burst beyond it makes new ones
 
     def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic,
                  poll_s: float = 0.05, start_thread: bool = True):
@@ -66,28 +73,46 @@ class NcclWatchdog:
         self.start_thread = start_thread
         self.pending: List[Pending] = []
         self.failures: Dict[object, RipplesTimeoutError] = {}  # by owner
+        self.free: Dict[object, List[tuple]] = {}  # by owner: completed (began, done) pairs
         self._cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
+        self._asleep = False  # the thread waits for work with no time limit
 
     def track(self, what: str, owner, label: str, began, done,
               abort: Callable[[], None]) -> None:
         """Watch one operation of communicator ``owner`` (named ``label`` in errors),
         enqueued between events ``began`` and ``done``."""
         with self._cond:
-            idle = not self.pending
             self.pending.append(Pending(what, owner, label, began, done, abort))
             if self.start_thread and self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="ripples-nccl-watchdog",
                                                 daemon=True)
                 self._thread.start()
-            if idle:  # else the thread looks at it anyway within poll_s (see _run)
+            if self._asleep:  # else the thread looks at it anyway within poll_s (see _run)
                 self._cond.notify()
+
+    def reusable_events(self, owner) -> Optional[tuple]:
+        """A ``(began, done)`` pair of a completed operation of ``owner`` to record again,
+        or None (then the caller makes new events). Both are complete: ``done`` was seen
+        complete and ``began`` precedes it on the same stream."""
+        with self._cond:
+            pairs = self.free.get(owner)
+            if pairs:
+                return pairs.pop()
+            # A caller that waits for each result outruns the passes (poll_s apart): take
+            # back its oldest operation here once it is done.
+            for index, op in enumerate(self.pending):
+                if op.owner is owner:
+                    if not op.done.query():
+                        return None
+                    del self.pending[index]
+                    return op.began, op.done
+            return None
 
     def raise_if_failed(self, owner) -> None:
         """Raise the error recorded for communicator ``owner``, if any."""
-        with self._cond:
-            failure = self.failures.get(owner)
+        failure = self.failures.get(owner)  # one dict read, atomic: asked before every call
         if failure is not None:
             raise failure
 
@@ -95,6 +120,7 @@ class NcclWatchdog:
         """Drop what is recorded or pending for communicator ``owner`` (it was closed)."""
         with self._cond:
             self.failures.pop(owner, None)
+            self.free.pop(owner, None)
             self.pending = [op for op in self.pending if op.owner is not owner]
 
     def check(self) -> None:
@@ -105,6 +131,9 @@ class NcclWatchdog:
             expired, kept = set(), []
             for op in self.pending:
                 if op.done.query():
+                    pairs = self.free.setdefault(op.owner, [])
+                    if len(pairs) < self.MAX_FREE_EVENTS:
+                        pairs.append((op.began, op.done))
                     continue
                 if op.started_at is None and op.began.query():
                     op.started_at = now
@@ -137,7 +166,9 @@ class NcclWatchdog:
                 if self._closed:
                     return
                 if not self.pending:
+                    self._asleep = True
                     self._cond.wait()
+                    self._asleep = False
                     continue
                 # Look poll_s after work arrived, not at once: short operations finish
                 # before the look, leaving nothing pending, so waking for each next one

@@ -15,6 +15,7 @@ import torch
 
 from . import reference
 from .sources import KERNEL_FILES, read_source, source_dir
+from .streams import current_stream_handle
 
 SUFFIX = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32",
           torch.float64: "f64"}
@@ -94,7 +95,7 @@ def _launch(device_index: int, name: str, grid: tuple, args: tuple) -> None:
     kernel = _kernels.get((device_index, name))
     if kernel is None:
         kernel = _kernels[(device_index, name)] = load_module(device_index).get_function(name)
-    key = (device_index, torch.cuda.current_stream(device_index).cuda_stream)
+    key = (device_index, current_stream_handle(device_index))
     stream = _streams.get(key)
     if stream is None:
         if len(_streams) >= _MAX_STREAMS:
