@@ -13,6 +13,7 @@ from typing import Optional, Union
 
 import torch
 
+from ripples.comm.nccl_init import bounded_init
 from ripples.core.errors import RipplesError
 from ripples.kernels.streams import CudaEvent, current_stream_handle
 
@@ -62,11 +63,13 @@ class NcclCommunicator:
     """A NCCL communicator of ``size`` ranks on one CUDA device.
 
     Use :meth:`from_mpi` to build one; the constructor takes an already agreed unique id.
-    Tensors must be contiguous CUDA tensors on this communicator's device.
+    Tensors must be contiguous CUDA tensors on this communicator's device. ``init_timeout_s``
+    bounds ``ncclCommInitRank`` (``RipplesTimeoutError`` past it; None: no bound).
     """
 
     def __init__(self, size: int, unique_id, rank: int, device: Union[torch.device, int, None] = None,
-                 watchdog=None, label: str = "an NCCL communicator"):
+                 watchdog=None, label: str = "an NCCL communicator",
+                 init_timeout_s: Optional[float] = None):
         nccl = _import_nccl()
         import cupy
 
@@ -86,9 +89,12 @@ class NcclCommunicator:
         avg = getattr(nccl, "NCCL_AVG", None)
         if avg is not None and nccl.get_version() >= 21000:
             self._ops["avg"] = avg
+        def make():
+            with cupy.cuda.Device(self.device.index):  # current device is per thread
+                return nccl.NcclCommunicator(size, unique_id, rank)
+
         try:
-            with cupy.cuda.Device(self.device.index):
-                self._comm = nccl.NcclCommunicator(size, unique_id, rank)
+            self._comm = bounded_init(make, init_timeout_s, f"{label} (rank {rank} of {size})")
         except nccl.NcclError as exc:
             raise RipplesError(f"NCCL communicator init failed on rank {rank} of {size}: "
                                f"{exc}") from exc
@@ -99,7 +105,8 @@ class NcclCommunicator:
         """Bootstrap over ``mpi_comm`` (an mpi4py communicator): collective over all its
         ranks, which must all call it. NCCL rank and size equal the MPI ones. With a
         ``watchdog``, each operation that runs past its timeout aborts the communicator,
-        and the next call raises ``RipplesTimeoutError`` naming ``label``."""
+        and the next call raises ``RipplesTimeoutError`` naming ``label``; the init itself
+        is bounded by the same timeout (``ripples.comm.nccl_init``)."""
         nccl = _import_nccl()
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         device = _as_cuda_device(device)
@@ -116,7 +123,8 @@ class NcclCommunicator:
                 "reduce CUDA tensors through host memory (ranks may then share a GPU)")
         unique_id = nccl.get_unique_id() if rank == 0 else None
         unique_id = mpi_comm.bcast(unique_id, root=0)
-        return cls(size, unique_id, rank, device, watchdog, label)
+        return cls(size, unique_id, rank, device, watchdog, label,
+                   init_timeout_s=None if watchdog is None else watchdog.timeout_s)
 
     # -- collectives ---------------------------------------------------------------------
 
