@@ -6,8 +6,8 @@ Two kinds of checks:
   changes nothing, so a wrapped run must equal a plain torch run of the same script
   (but for the generator schedule, which may group ranks at different local steps)
   (LR schedulers, GradScaler, clipping after synchronize(), accumulation, evaluation
-  pauses, frozen layers). Schedulers' learning rates are also checked against their
-  closed forms.
+  pauses, frozen layers, a DataLoader with worker processes). Schedulers' learning rates
+  are also checked against their closed forms.
 - All-reduce mode with different data per rank: the result must equal the average of
   every rank's local gradients, computed here from an allgather of them.
 """
@@ -109,6 +109,17 @@ CLOSED_FORMS = {  # learning rate after k scheduler steps
 }
 
 
+def batches(pattern, steps, wrapped):
+    """``batch(step)`` for each step; for "dataloader" the same batches through a
+    ``DataLoader`` whose worker processes are forked after MPI and ripples' threads have
+    started (the plain run loads them in its own process)."""
+    if pattern != "dataloader":
+        return (batch(step) for step in range(steps))
+    xs, ys = zip(*(batch(step) for step in range(steps)))
+    data = torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys))
+    return iter(torch.utils.data.DataLoader(data, batch_size=8, num_workers=2 if wrapped else 0))
+
+
 def train_script(pattern, wrapped_mode=None, steps=6):
     """Run one training-script pattern; ``wrapped_mode=None`` runs it on plain torch.
 
@@ -124,8 +135,9 @@ def train_script(pattern, wrapped_mode=None, steps=6):
     scaler = torch.amp.GradScaler("cpu") if pattern.startswith("scaler") else None
     compiled = torch.compile(model) if pattern == "compiled" else None
     lrs = []
+    data = batches(pattern, steps, wrapped_mode is not None)
     for step in range(steps):
-        x, y = batch(step)
+        x, y = next(data)
         opt.zero_grad()
         if pattern == "accumulate":
             for half in (slice(0, 4), slice(4, 8)):
@@ -172,7 +184,7 @@ def train_script(pattern, wrapped_mode=None, steps=6):
 
 
 PATTERNS = [*SCHEDULERS, "clip", "scaler-synchronize", "scaler-plain", "accumulate",
-            "eval-pause", "frozen"]
+            "eval-pause", "frozen", "dataloader"]
 
 
 @pytest.mark.parametrize("mode", list(MODES))
