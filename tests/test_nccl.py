@@ -40,6 +40,38 @@ def world_of_one():
 
 DTYPES = [torch.float16, torch.float32, torch.float64, torch.int32, torch.int64]
 
+# Rank 0 of a two-rank communicator whose rank 1 never comes: the real NCCL init must give
+# up at the bound. Its own process, so that the init left waiting cannot touch other tests.
+_LONELY_INIT = """
+import os, sys, time, torch
+from cupy.cuda import nccl
+from ripples.comm.nccl import NcclCommunicator
+from ripples.core.errors import RipplesTimeoutError
+began = time.monotonic()
+try:
+    NcclCommunicator(2, nccl.get_unique_id(), 0, torch.device("cuda", 0),
+                     label="group (0, 1)", init_timeout_s=2.0)
+except RipplesTimeoutError as exc:
+    print(f"TIMEOUT after {time.monotonic() - began:.1f} s: {exc}", flush=True)
+    os._exit(0)
+print("INIT RETURNED", flush=True)
+os._exit(1)
+"""
+
+
+@pytest.mark.gpu
+def test_an_init_whose_peer_never_comes_gives_up_at_its_bound():
+    import subprocess
+    import sys
+
+    require_gpu()
+    result = subprocess.run([sys.executable, "-c", _LONELY_INIT], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    seconds = float(result.stdout.split("TIMEOUT after ")[1].split(" s")[0])
+    assert 2.0 <= seconds < 5.0, result.stdout
+    assert "group (0, 1) (rank 0 of 2): ncclCommInitRank did not complete" in result.stdout
+
 
 @pytest.mark.gpu
 def test_world_of_one_under_a_watchdog_completes_and_is_forgotten():
