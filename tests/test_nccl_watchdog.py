@@ -165,18 +165,21 @@ def test_an_aborted_operations_events_are_not_handed_out():
 
 
 def test_a_caller_that_outruns_the_passes_takes_back_its_oldest_finished_operation():
-    """A caller waiting for each result issues many operations between two passes; the
-    oldest of its communicator, once done, is taken out of pending and its events reused."""
+    """A caller waiting for each result issues many operations between two passes: each
+    ``track`` takes its communicator's oldest operation out of pending once it is done,
+    so that the next call reuses its events."""
     dog, _ = watchdog()
     first = (Event(True), Event(True))
     dog.track("allreduce", "other comm", "world", Event(True), Event(), lambda: None)
     dog.track("allreduce", "comm", "world", *first, lambda: None)
+    assert dog.reusable_events("comm") is None  # nothing taken back yet
+    second = (Event(True), Event())
+    dog.track("allreduce", "comm", "world", *second, lambda: None)
     assert dog.reusable_events("comm") == first
-    assert [op.owner for op in dog.pending] == ["other comm"]
-    running = (Event(True), Event())
-    dog.track("allreduce", "comm", "world", *running, lambda: None)
-    assert dog.reusable_events("comm") is None  # its oldest is still running
-    assert len(dog.pending) == 2
+    assert [op.owner for op in dog.pending] == ["other comm", "comm"]
+    dog.track("allreduce", "comm", "world", Event(True), Event(), lambda: None)
+    assert dog.reusable_events("comm") is None  # its oldest (second) is still running
+    assert len(dog.pending) == 3
 
 
 def test_operations_taken_back_by_the_caller_do_not_wake_the_thread_for_each():

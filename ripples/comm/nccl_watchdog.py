@@ -21,10 +21,10 @@ events, one recorded just before it and one just after. The watchdog polls them:
   again); ``forget(owner)``, called when it is closed, drops it, so that a communicator
   built later for the same group starts clean.
 
-A completed operation's two events go back to its communicator (``reusable_events``: from
-the free list a pass fills, or the communicator's oldest pending operation once done), so
-the next operation records them again: creating and destroying two CUDA events per call
-cost more than recording them.
+A completed operation's two events go back to its communicator's free list (filled by a
+pass, and by ``track``, which takes back the communicator's oldest operation once done),
+and ``reusable_events`` hands them to its next operation to record again: creating and
+destroying two CUDA events per call cost more than recording them.
 
 Polling runs on one daemon thread, started with the first tracked operation: it waits on a
 condition while nothing is tracked, and makes a pass ``poll_s`` after work arrives and
@@ -35,10 +35,11 @@ without a GPU; ``check()`` is one pass, for tests and for the thread.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Deque, Dict, List, Optional
 
 from ..core.errors import RipplesTimeoutError
 
@@ -73,8 +74,9 @@ class NcclWatchdog:
         self.start_thread = start_thread
         self.pending: List[Pending] = []
         self.failures: Dict[object, RipplesTimeoutError] = {}  # by owner
-        self.free: Dict[object, List[tuple]] = {}  # by owner: completed (began, done) pairs
-        self._cond = threading.Condition()
+        self.free: Dict[object, Deque[tuple]] = {}  # by owner: completed (began, done) pairs
+        # A plain lock: nothing takes it twice, and an RLock costs more on every call.
+        self._cond = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self._asleep = False  # the thread waits for work with no time limit
@@ -84,7 +86,16 @@ class NcclWatchdog:
         """Watch one operation of communicator ``owner`` (named ``label`` in errors),
         enqueued between events ``began`` and ``done``."""
         with self._cond:
-            self.pending.append(Pending(what, owner, label, began, done, abort))
+            pending = self.pending
+            # A caller that waits for each result outruns the passes (poll_s apart): take
+            # back its oldest operation here once it is done, for its next call's events.
+            for index, op in enumerate(pending):
+                if op.owner is owner:
+                    if op.done.query():
+                        del pending[index]
+                        self._free(op)
+                    break
+            pending.append(Pending(what, owner, label, began, done, abort))
             if self.start_thread and self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="ripples-nccl-watchdog",
                                                 daemon=True)
@@ -96,19 +107,21 @@ class NcclWatchdog:
         """A ``(began, done)`` pair of a completed operation of ``owner`` to record again,
         or None (then the caller makes new events). Both are complete: ``done`` was seen
         complete and ``began`` precedes it on the same stream."""
-        with self._cond:
-            pairs = self.free.get(owner)
-            if pairs:
+        pairs = self.free.get(owner)  # no lock: a deque's append and pop are atomic
+        if pairs:
+            try:
                 return pairs.pop()
-            # A caller that waits for each result outruns the passes (poll_s apart): take
-            # back its oldest operation here once it is done.
-            for index, op in enumerate(self.pending):
-                if op.owner is owner:
-                    if not op.done.query():
-                        return None
-                    del self.pending[index]
-                    return op.began, op.done
-            return None
+            except IndexError:  # emptied since (forget)
+                return None
+        return None
+
+    def _free(self, op: Pending) -> None:
+        """Keep a completed operation's events for its communicator (lock held)."""
+        pairs = self.free.get(op.owner)
+        if pairs is None:
+            pairs = self.free[op.owner] = collections.deque()
+        if len(pairs) < self.MAX_FREE_EVENTS:
+            pairs.append((op.began, op.done))
 
     def raise_if_failed(self, owner) -> None:
         """Raise the error recorded for communicator ``owner``, if any."""
@@ -131,9 +144,7 @@ class NcclWatchdog:
             expired, kept = set(), []
             for op in self.pending:
                 if op.done.query():
-                    pairs = self.free.setdefault(op.owner, [])
-                    if len(pairs) < self.MAX_FREE_EVENTS:
-                        pairs.append((op.began, op.done))
+                    self._free(op)
                     continue
                 if op.started_at is None and op.began.query():
                     op.started_at = now
