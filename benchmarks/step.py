@@ -14,7 +14,7 @@ so that a burst of noise on the shared machine does not pick a winner):
   gradients already live in (compute + the data movement alone, no overlap);
 - ``ripples allreduce``: ``DistributedOptimizer`` (gradient buckets, overlap with backward);
 - ``ripples allreduce, by name``: the same with ``bucket_bytes=0`` (per-name negotiation
-  at ``step()``, the path 16-bit and sparse gradients take);
+  at ``step()``, the path CUDA and sparse gradients take);
 - ``ripples allreduce, bf16``: ``Compression.bf16``;
 - ``ripples static``: ``sync="ripples"`` with the static schedule (group size 2);
 - ``torch DDP (gloo)``; ``Horovod`` when importable.

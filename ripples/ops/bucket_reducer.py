@@ -11,10 +11,12 @@ communication thread. Every step:
    deadline, that proves every member reached the same step of the same plan and counts
    the members contributing data (joined members contribute zeros);
 3. then it all-reduces each launched bucket in place with MPI's blocking ``Allreduce``
-   (faster here than ``Iallreduce``) and scales it; nothing is packed or unpacked. With a
+   (faster here than ``Iallreduce``) and scales it; nothing is packed or unpacked. A
+   float16/bfloat16 bucket (a 16-bit model's gradients) is summed in place by
+   ``half_allreduce.allreduce_16bit_`` (float32 accumulation, rounded once). With a
    16-bit ``wire_dtype`` (``Compression.fp16``/``bf16``) the bucket is cast into a
-   preallocated 16-bit buffer, summed by ``half_allreduce.allreduce_16bit_`` (2 bytes per
-   element on the wire) and cast back, scaled, into the bucket;
+   preallocated 16-bit buffer, summed by ``allreduce_16bit_`` (2 bytes per element on the
+   wire) and cast back, scaled, into the bucket;
 4. ``wait()`` returns when every bucket is done, or raises after the deadline.
 
 No names are negotiated per step: the plan was agreed when the reducer was made, and the
@@ -48,11 +50,12 @@ from ripples.core.reduce_ops import ReduceOp
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
 _TAG_ABSENT = 77
 _LISTEN_S = 1.0  # members that time out on the same step do so within this of each other
-SUPPORTED_DTYPES = (torch.float32, torch.float64)
+SUPPORTED_DTYPES = (torch.float32, torch.float64, *HALF_DTYPES)
 
 
 class BucketReducer:
-    """All-reduce ``buffers`` (1-D host tensors of float32/float64) over ``group`` every step.
+    """All-reduce ``buffers`` (1-D host tensors of float32, float64, float16 or bfloat16)
+    over ``group`` every step.
 
     Construction is collective over ``group`` (it creates the communicator and checks that
     every member has the same plan: raises ``ValueError`` naming a differing rank).
@@ -263,7 +266,7 @@ class BucketReducer:
             sent = buffer
             kernels.scale_(buffer, self._prescale)
             if len(self.group) > 1:
-                self.comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=self._mpi_ops[index])
+                self._allreduce(buffer, self._mpi_ops[index])
             kernels.scale_(buffer, post)
         else:
             sent = self._wire[:buffer.numel()]
@@ -276,6 +279,15 @@ class BucketReducer:
                               {"group": list(self.group), "names": self.names[index],
                                "bytes": sent.numel() * sent.element_size(),
                                "wire_dtype": str(sent.dtype)[6:], "bucket": index})
+
+    def _allreduce(self, buffer: torch.Tensor, operation) -> None:
+        """Sum ``buffer`` over the group in place: by MPI for float32/float64, by
+        ``allreduce_16bit_`` (float32 accumulation, 2 bytes per element on the wire, MPI
+        has no 16-bit float sum) for float16/bfloat16."""
+        if buffer.dtype in HALF_DTYPES:
+            allreduce_16bit_(self.comm, buffer)
+        else:
+            self.comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=operation)
 
     def _describe(self, index: int) -> str:
         if index >= len(self.names):
@@ -303,8 +315,8 @@ class BucketReducer:
             return False
         for buffer, operation in zip(self.buffers, self._mpi_ops):
             if self._wire is None:
-                zeros = self._rt.buffers.get(buffer.dtype, buffer.numel()).zero_()
-                self.comm.Allreduce(MPI.IN_PLACE, as_buffer(zeros), op=operation)
+                self._allreduce(self._rt.buffers.get(buffer.dtype, buffer.numel()).zero_(),
+                                operation)
             else:
                 allreduce_16bit_(self.comm, self._wire[:buffer.numel()].zero_())
         self.epoch = agreement.epoch + 1

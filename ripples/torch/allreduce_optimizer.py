@@ -3,16 +3,18 @@
 Two paths, chosen per parameter when the optimizer is made (and again when the set of
 gradients changes, see below):
 
-- **Buckets** (float32/float64 host gradients, op Sum or Average, compression ``none``,
-  ``fp16`` or ``bf16``, ``Config.bucket_bytes > 0``): each ``param.grad`` is a view into a
-  flat bucket (``gradient_buckets``), planned once on every rank alike. A gradient hook
+- **Buckets** (float32/float64/float16/bfloat16 host gradients, op Sum or Average,
+  compression ``none``, ``fp16`` or ``bf16``, ``Config.bucket_bytes > 0``): each
+  ``param.grad`` is a view into a flat bucket (``gradient_buckets``), planned once on
+  every rank alike. A gradient hook
   marks a parameter final after its last backward pass; a bucket whose parameters are all
   final is all-reduced at once, in plan order, on a communication thread, while backward
   goes on. ``step()`` waits only for what is still in flight. No per-step negotiation: one
   fixed-size record per step checks that every member is at the same step of the plan.
   With ``fp16``/``bf16`` a bucket travels in 16 bits: cast into a 16-bit buffer, summed
-  with float32 accumulation at 2 bytes per element on the wire, cast back.
-- **By name** (everything else: 16-bit gradients, user-defined compressors, Min/Max/Product,
+  with float32 accumulation at 2 bytes per element on the wire, cast back. A 16-bit
+  model's bucket is summed that way in place.
+- **By name** (everything else: CUDA gradients, user-defined compressors, Min/Max/Product,
   sparse gradients): ``synchronize()`` submits one all-reduce per parameter (or fusion
   group) named after the parameter, negotiated by name.
 

@@ -57,7 +57,8 @@ def plan_buckets(sizes: Sequence[int], dtypes: Sequence[torch.dtype],
 
 
 def bucketable(param: torch.Tensor) -> bool:
-    """Whether ``param``'s gradient can live in a host bucket reduced natively by MPI."""
+    """Whether ``param``'s gradient can live in a host bucket (float32/float64, reduced by
+    MPI, or float16/bfloat16, summed with float32 accumulation)."""
     return (param.dtype in SUPPORTED_DTYPES and not param.is_cuda and param.is_contiguous()
             and param.layout is torch.strided)
 

@@ -82,6 +82,33 @@ def test_gradients_are_views_of_buckets_and_hold_the_average():
     opt.close()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_models_gradients_are_bucket_views_equal_to_the_by_name_average(dtype):
+    """A model trained in bfloat16/float16 on the host: its gradients live in buckets too
+    (summed with float32 accumulation, rounded once), bit for bit what the by-name path
+    (``hvd.allreduce`` of each local gradient) gives."""
+    model = make_model().to(dtype)
+    reference = make_model().to(dtype)
+    x, y = batch(R)
+    loss_of(reference, x.to(dtype), y).backward()
+    expected = [hvd.allreduce(p.grad, name=f"by_name.{dtype}.{i}")
+                for i, p in enumerate(reference.parameters())]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters())
+    loss_of(model, x.to(dtype), y).backward()
+    for p, e in zip(model.parameters(), expected):
+        assert p.grad.dtype == dtype and torch.equal(p.grad, e)
+    buckets = {storage(p.grad) for p in model.parameters()}
+    assert len(buckets) < len(list(model.parameters()))  # views of shared buckets
+    opt.step()
+    opt.zero_grad()
+    x, y = batch(R, 1)
+    loss_of(model, x.to(dtype), y).backward()  # a fresh gradient goes into the same buckets
+    assert {storage(p.grad) for p in model.parameters()} == buckets
+    opt.step()
+    opt.close()
+
+
 def test_a_bucket_is_reduced_while_backward_is_still_running(tmp_path):
     """Overlap, from timeline events: the first bucket's all-reduce starts before the
     backward pass ends (the input end of the model is slow to differentiate)."""
