@@ -19,6 +19,10 @@ so that a burst of noise on the shared machine does not pick a winner):
 - ``ripples static``: ``sync="ripples"`` with the static schedule (group size 2);
 - ``torch DDP (gloo)``; ``Horovod`` when importable.
 
+``--dtype bfloat16`` (or ``float16``) trains the model in 16 bits: only no communication and
+ripples' bucketed and by-name rows run (MPI has no 16-bit float sum for a raw row).
+``--batch`` changes the batch (a small one makes communication weigh more).
+
 Prints steps/s (of the whole job: every rank steps in lockstep), the fraction of the
 no-communication rate and the ratio to DDP. With more ranks than cores the ranks share
 cores and every ratio says so (``oversubscribed``).
@@ -36,15 +40,17 @@ from harness import launch, report, stats
 
 ROWS = ["no communication", "raw MPI", "ripples allreduce", "ripples allreduce, by name",
         "ripples allreduce, bf16", "ripples static", "torch DDP (gloo)", "Horovod"]
+# A 16-bit model (--dtype): MPI has no 16-bit float sum, so no raw row; ripples' own rows.
+ROWS_16BIT = ["no communication", "ripples allreduce", "ripples allreduce, by name"]
 BATCH = 32
 
 
-def make_model(seed: int = 0):
+def make_model(seed: int = 0, dtype: str = "float32"):
     import torch
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
                                torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-                               torch.nn.Linear(1024, 10))
+                               torch.nn.Linear(1024, 10)).to(getattr(torch, dtype))
 
 
 def timed(run_step, steps: int, warmup: int, barrier) -> float:
@@ -70,8 +76,8 @@ def worker(args) -> None:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     generator = torch.Generator().manual_seed(rank)
-    x = torch.randn(BATCH, 512, generator=generator)
-    y = torch.randint(0, 10, (BATCH,), generator=generator)
+    x = torch.randn(args.batch, 512, generator=generator).to(getattr(torch, args.dtype))
+    y = torch.randint(0, 10, (args.batch,), generator=generator)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def plain(model, optimizer, after_backward=None):
@@ -84,11 +90,11 @@ def worker(args) -> None:
         return run_step
 
     def no_communication():
-        model = make_model()
+        model = make_model(dtype=args.dtype)
         return plain(model, torch.optim.SGD(model.parameters(), lr=0.01)), None
 
     def raw_mpi():
-        model = make_model()
+        model = make_model(dtype=args.dtype)
         params = list(model.parameters())
         flat = torch.zeros(sum(p.numel() for p in params))
         offset = 0
@@ -118,7 +124,7 @@ def worker(args) -> None:
             if bucket_bytes is not None:  # the setting is read when the optimizer is made
                 runtime.config = dataclasses.replace(saved, bucket_bytes=bucket_bytes)
             try:
-                model = make_model()
+                model = make_model(dtype=args.dtype)
                 optimizer = hvd.DistributedOptimizer(
                     torch.optim.SGD(model.parameters(), lr=0.01),
                     named_parameters=model.named_parameters(), **kwargs)
@@ -133,7 +139,7 @@ def worker(args) -> None:
             port = world.bcast(launch.free_port() if rank == 0 else None, root=0)
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                     world_size=size)
-        model = torch.nn.parallel.DistributedDataParallel(make_model())
+        model = torch.nn.parallel.DistributedDataParallel(make_model(dtype=args.dtype))
         return plain(model, torch.optim.SGD(model.parameters(), lr=0.01)), None
 
     def horovod():
@@ -142,7 +148,7 @@ def worker(args) -> None:
         except ImportError:
             return None, None
         real_hvd.init()
-        model = make_model()
+        model = make_model(dtype=args.dtype)
         optimizer = real_hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                                   named_parameters=model.named_parameters())
         return plain(model, optimizer), None
@@ -194,26 +200,33 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rows", default=";".join(ROWS), help="rows to run, separated by ;")
+    parser.add_argument("--rows", help="rows to run, separated by ; (default: all that fit "
+                        "--dtype)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the model's dtype (16-bit: ripples' rows and no communication)")
+    parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.rows = [r.strip() for r in args.rows.split(";") if r.strip()]
-    unknown = [r for r in args.rows if r not in ROWS]
+    valid = ROWS if args.dtype == "float32" else ROWS_16BIT
+    args.rows = ([r.strip() for r in args.rows.split(";") if r.strip()] if args.rows
+                 else list(valid))
+    unknown = [r for r in args.rows if r not in valid]
     if unknown:
-        parser.error(f"--rows: unknown {unknown}; valid: {ROWS}")
+        parser.error(f"--rows: unknown with --dtype {args.dtype}: {unknown}; valid: {valid}")
     if args.worker:
         worker(args)
         return 0
     out = f"/tmp/ripples_step_{os.getpid()}.json"
     launch.run_job(args.np, launch.script_command(
         __file__, "--worker", "--out", out, "--steps", args.steps, "--warmup", args.warmup,
-        "--repeats", args.repeats, "--rows", ";".join(args.rows)), timeout=1800)
+        "--repeats", args.repeats, "--rows", ";".join(args.rows), "--dtype", args.dtype,
+        "--batch", args.batch), timeout=1800)
     best = json.loads(Path(out).read_text())
     cores = os.cpu_count() or 1
     print(f"training-step benchmark: {args.np} ranks on {cores} cores, real compute, MLP "
-          f"512-1024-1024-10, batch {BATCH}, one torch thread per rank, best of "
+          f"512-1024-1024-10 in {args.dtype}, batch {args.batch}, one torch thread per rank, best of "
           f"{args.repeats} x {args.steps} steps, {time.strftime('%Y-%m-%d')}")
     print(table(best, args.np, cores))
     if args.json:
