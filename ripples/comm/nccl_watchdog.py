@@ -107,13 +107,10 @@ class NcclWatchdog:
         """A ``(began, done)`` pair of a completed operation of ``owner`` to record again,
         or None (then the caller makes new events). Both are complete: ``done`` was seen
         complete and ``began`` precedes it on the same stream."""
-        pairs = self.free.get(owner)  # no lock: a deque's append and pop are atomic
-        if pairs:
-            try:
-                return pairs.pop()
-            except IndexError:  # emptied since (forget)
-                return None
-        return None
+        # No lock: a deque's append and pop are atomic, and only the communicator's caller
+        # pops (the watchdog's thread only appends), so a non-empty deque stays non-empty.
+        pairs = self.free.get(owner)
+        return pairs.pop() if pairs else None
 
     def _free(self, op: Pending) -> None:
         """Keep a completed operation's events for its communicator (lock held)."""
