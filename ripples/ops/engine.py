@@ -234,7 +234,7 @@ class Engine:
         agreed = [by_name[n] for n in decision.run]
         self._executor.execute(comm, group, decision.active, agreed, ring)
         if decision.active == len(group):  # a joined member takes no part in arming a lane
-            self.lanes.consider(group, agreed)
+            self.lanes.consider(group, agreed, comm)
         progressed = bool(decision.run or decision.failed)
         if not progressed:
             expire(self._rt, batch, decision, self._fail_unmatched)

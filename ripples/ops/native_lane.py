@@ -2,9 +2,10 @@
 
 Python stays the control plane. A group's lane is armed, collectively, after the second
 control round on the group that ran a single eligible all-reduce (host float32/float64,
-op Sum or Average, no prescale/postscale, not over a ``PeerRing``): the members then build
-a duplicate communicator of the group and agree that every one of them has the native
-library (else the lane stays off on all of them). From then on every control round on
+op Sum or Average, no prescale/postscale, not over a ``PeerRing``), when every member has
+the native library and holds fewer than ``_MAX_LANES`` lanes (else the group's lane stays
+off on all of them for the rest of the run): the members then build a duplicate
+communicator of the group. From then on every control round on
 the group starts with the lane's record round (``csrc/native_lane.c``): one all-reduce of
 (members on a plan, plan id and its square, step and its square, members) and a slot that
 carries the data of a call of at most 128 elements, so that a small planned call costs a
@@ -38,6 +39,7 @@ import time
 import zlib
 from typing import Dict, List, Optional
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -55,6 +57,11 @@ _FIRST_WAIT_S = 0.05   # what the first C call waits before Python takes over th
 _SLICE_S = 0.002       # each later C call's share of a long wait
 _DTYPES = {torch.float32: 0, torch.float64: 1}
 _ARM_AFTER = 2         # eligible rounds on a group before its lane is armed
+# Lanes a rank holds at most. Each keeps a communicator of its own for the rest of the run,
+# and a schedule that keeps forming new groups (the group generator: about 100 groups hold
+# a given rank at 8 ranks, tens of thousands at 64) would otherwise arm one for every group
+# it meets twice, beyond the bound ``Config.cache_capacity`` sets on group communicators.
+_MAX_LANES = 16
 _ANNOUNCE_AFTER_S = 0.05  # a member waiting this long in a record round says so
 _LISTEN_S = 0.2        # how long a member giving up listens for the others' word
 _TAG_WAITING = 91
@@ -241,10 +248,16 @@ class Lanes:
             if code == AGREED:
                 lane.data()
 
-    def consider(self, group, requests) -> None:
-        """After a control round on ``group`` ran ``requests``: arm the group's lane on the
-        round every member counts as the ``_ARM_AFTER``-th eligible one (collective)."""
-        if not self.on or len(requests) != 1 or len(group) < 2 or group in self._by_group:
+    def armed(self) -> int:
+        """How many lanes this rank holds (each with a communicator of its own)."""
+        return sum(lane is not _OFF for lane in self._by_group.values())
+
+    def consider(self, group, requests, comm) -> None:
+        """After a control round on ``group`` ran ``requests`` on the group's communicator
+        ``comm``: arm the group's lane on the round every member counts as the
+        ``_ARM_AFTER``-th eligible one (collective over the members)."""
+        if (not self.on or comm is None or len(requests) != 1 or len(group) < 2
+                or group in self._by_group):
             return
         if not _eligible_wire(requests[0].wire):
             return
@@ -254,24 +267,27 @@ class Lanes:
         seen = self._seen.get(group, 0) + 1
         self._seen[group] = seen
         if seen == _ARM_AFTER:
-            self._arm(group)
+            self._arm(group, comm)
 
-    def _arm(self, group) -> None:
+    def _arm(self, group, group_comm: MPI.Comm) -> None:
         rt = self._rt
         lib = library()
         # blocking collectives: bounded as a data phase is (a member may be cut off now)
         with rt.data_watch.phase(group, f"arming the native lane of group {group}"):
+            # The lane runs on every member or on none: each must have the library and room
+            # for one more lane, asked on the group's communicator before a new one is made
+            # (a buffer all-reduce: it releases the GIL, so the watch can end a frozen wait).
+            ready = np.array([lib is not None and self.armed() < _MAX_LANES], dtype=np.int32)
+            group_comm.Allreduce(MPI.IN_PLACE, ready, op=MPI.MIN)
+            if not ready[0]:
+                self._by_group[group] = _OFF
+                return
             if group == rt.world_group:
                 comm = rt.world.Dup()
             else:
                 members = rt.world.Get_group().Incl(list(group))
                 comm = rt.world.Create_group(members, tag=_ARM_TAG)
                 members.Free()
-            everyone = comm.allreduce(int(lib is not None), op=MPI.MIN)
-        if not everyone:  # the lane runs on every member, or on none
-            comm.Free()
-            self._by_group[group] = _OFF
-            return
         handle = lib.rl_lane_new(MPI._addressof(comm), comm.Get_size())
         self._by_group[group] = Lane(group, comm, handle, rt.generation, rt.rank, lib)
 

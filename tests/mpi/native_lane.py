@@ -164,6 +164,31 @@ def test_a_member_busy_before_a_planned_call_is_waited_for():
     assert torch.equal(x, expected_mean(16, torch.float32))
 
 
+def test_lanes_are_bounded_and_a_group_beyond_the_bound_stays_on_the_python_path(monkeypatch):
+    """Each lane keeps a communicator of its own: a schedule that keeps forming new groups
+    must not arm one per group. With room for one more lane on every rank, rank 2's first
+    new group gets a lane and its second does not, on both of its members alike, and both
+    still sum right."""
+    if not built() or hvd.size() != 3:
+        pytest.skip("3 ranks with the native lane")
+    lanes = current().engine.lanes
+    first, second = (0, 2), (1, 2)
+    assert lanes.get(first) is None and lanes.get(second) is None, "groups used before"
+    monkeypatch.setattr(native_lane, "_MAX_LANES", lanes.armed() + 1)
+    for group in (first, second):
+        if hvd.rank() in group:
+            for _ in range(WARM_UP):
+                x = torch.full((50,), float(hvd.rank() + 1))
+                hvd.partial_allreduce_(x, group, op=hvd.Sum)
+                assert torch.equal(x, torch.full((50,), float(sum(group) + 2)))
+    assert lanes.armed() <= native_lane._MAX_LANES
+    if hvd.rank() in first:
+        assert lanes.get(first) is not None
+    if hvd.rank() in second:
+        assert lanes.get(second) is None
+    hvd.barrier()
+
+
 def test_other_collectives_between_planned_calls():
     x = torch.ones(32)
     for step in range(WARM_UP + 2):
