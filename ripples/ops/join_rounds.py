@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Dict, List, Tuple
 
+import numpy as np
 from mpi4py import MPI
 
 from ripples.comm.control import Record, negotiate
@@ -80,10 +81,13 @@ class JoinRounds:
                     # Planned steps ran outside these rounds: a rank that took part in
                     # neither joined before someone else stopped training.
                     fresh = rounds == 0 and steps_seen() == 0
+                    # A buffer all-reduce: mpi4py's pickled one keeps the GIL while it
+                    # waits, and the watch (a thread) could not end a frozen member's wait.
+                    last = np.array([rt.rank if fresh else -1], dtype=np.int64)
                     with rt.data_watch.phase(rt.world_group, "the end of join"):
-                        last = rt.ctl.allreduce(rt.rank if fresh else -1, op=MPI.MAX)
-                    if last >= 0:
-                        decision.last_joined = last
+                        rt.ctl.Allreduce(MPI.IN_PLACE, last, op=MPI.MAX)
+                    if last[0] >= 0:
+                        decision.last_joined = int(last[0])
                     # Ranks that joined early ran fewer unnamed collectives; every rank is
                     # at this point together, so counting starts afresh everywhere.
                     self._restart_names()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, List, Optional, Tuple
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -270,9 +271,10 @@ class DecentralizedOptimizer(WrappedOptimizer):
         # (static, random) needs them at the same step, so they agree on where it starts:
         # the latest next sync of any of them. Ranks behind it train without syncing until
         # there, and every survivor ends its loop at the same step of the new schedule.
-        next_sync = self._syncs + (1 if self._in_sync else 0)
-        self._sync_base = (self._runtime.world.allreduce(next_sync, op=MPI.MAX)
-                           if self.schedule.lockstep else next_sync)
+        next_sync = np.array([self._syncs + (1 if self._in_sync else 0)], dtype=np.int64)
+        if self.schedule.lockstep:  # a buffer all-reduce: the pickled one keeps the GIL
+            self._runtime.world.Allreduce(MPI.IN_PLACE, next_sync, op=MPI.MAX)
+        self._sync_base = int(next_sync[0])
         if self._left:
             self.schedule.leave()
 

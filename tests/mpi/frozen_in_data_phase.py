@@ -6,7 +6,8 @@ stops its own process (SIGSTOP) first:
 - ``data`` (default): the data phase of an agreed all-reduce ('gradients');
 - ``communicator``: making the communicator of a new group (0, 1), after its members agreed;
 - ``arming``: arming the native lane of the world (Dup and an all-reduce), after the
-  world's second eligible all-reduce.
+  world's second eligible all-reduce;
+- ``join``: the all-reduce that ends ``join()``, once every rank has joined.
 The job must end (MPI_Abort) with a message naming rank 1, not hang.
 """
 import os
@@ -26,10 +27,10 @@ if hvd.rank() == 1:
     rt = runtime.current()
 
     def freezing(step):
-        def freeze(*args):
+        def freeze(*args, **kwargs):
             print(f"FREEZING at {time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
-            return step(*args)
+            return step(*args, **kwargs)
         return freeze
 
     if place == "data":
@@ -38,12 +39,26 @@ if hvd.rank() == 1:
         rt.cache.create = freezing(rt.cache.create)
     elif place == "arming":
         rt.engine.lanes._arm = freezing(rt.engine.lanes._arm)
+    elif place == "join":
+        class FreezingAllreduce:
+            """The control communicator, its ``allreduce`` (the end of join) frozen."""
+
+            def __init__(self, comm):
+                self.allreduce, self.Allreduce = freezing(comm.allreduce), freezing(comm.Allreduce)
+                self._comm = comm
+
+            def __getattr__(self, name):
+                return getattr(self._comm, name)
+
+        rt.ctl = FreezingAllreduce(rt.ctl)
 if place == "communicator":
     if hvd.rank() < 2:
         hvd.partial_allreduce(torch.ones(10), group=(0, 1), name="pair")
 elif place == "arming":
     for _ in range(3):
         hvd.allreduce(torch.ones(1000), name="gradients")
+elif place == "join":
+    hvd.join()
 else:
     hvd.allreduce(torch.ones(1000), name="gradients")
 print(f"rank {hvd.rank()} FINISHED", flush=True)
