@@ -82,6 +82,24 @@ def run_mpi(argv: list[str], nprocs: int, timeout: float = 180, env: dict | None
     return result
 
 
+def run_launcher(argv: list[str], timeout: float, env: dict | None = None,
+                 cwd: str | None = None, merged: bool = False) -> subprocess.CompletedProcess:
+    """Run a launcher (``ripplesrun``, ``python -m ripples.runner.launch``) in a session of
+    its own and return the finished process (text; ``merged``: stderr in stdout). On a
+    timeout the whole session is killed (the launcher, mpiexec and every rank: ranks left
+    behind would spin and slow every later test) and the test fails with the output."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True,
+                            env=env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s: {' '.join(argv)}\n{out}\n{err or ''}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err or "")
+
+
 def run_pytest_under_mpi(modules, nprocs: int, timeout: float = 180, extra_args=(),
                          env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the pytest module ``tests/mpi/<module>`` (or several, in the order given, in one

@@ -2,12 +2,11 @@
 restart (or failed) again on ``--max-np`` ranks, which resume from the last commit
 (``tests/mpi/elastic_growth.py``)."""
 import re
-import subprocess
 import sys
 
 import pytest
 
-from mpi_launch import TESTS_DIR, mpi_env
+from mpi_launch import TESTS_DIR, mpi_env, run_launcher
 from ripples.runner import elastic_restart
 from ripples.runner.launch import parse_args, run_elastic
 
@@ -18,12 +17,12 @@ STEPS = 15
 def launch(tmp_path, *flags, dead_rank=2, die_at=7):
     work = tmp_path / "work"
     work.mkdir()
-    result = subprocess.run(
+    result = run_launcher(
         [sys.executable, "-m", "ripples.runner.launch", "-np", "3",
          "--elastic-dir", str(tmp_path / "dir"),
          "--timeout", "20", *flags, sys.executable, SCRIPT, str(work), str(dead_rank),
          str(die_at), str(STEPS)],
-        capture_output=True, text=True, timeout=240, env=mpi_env(), cwd=str(tmp_path))
+        timeout=240, env=mpi_env(), cwd=str(tmp_path))
     steps = [tuple(map(int, m)) for m in
              re.findall(r"STEP launch=(\d+) step=(\d+) size=(\d+)", result.stdout)]
     results = re.findall(r"RESULT rank=(\d+) size=(\d+) weight=\[(\S+)\]", result.stdout)
@@ -120,11 +119,11 @@ def test_a_killed_parameter_server_resumes_from_the_last_commit(tmp_path):
     commit of step 5 (parameters and optimizer state): steps 5-19 are redone, and the final
     model equals one process averaging the 3 workers' gradients for 20 steps."""
     script = str(TESTS_DIR / "mpi" / "ps_server_restart.py")
-    result = subprocess.run(
+    result = run_launcher(
         [sys.executable, "-m", "ripples.runner.launch", "-np", "4", "--min-np", "4",
          "--max-np", "4", "--ps-servers", "1", "--max-restarts", "1", "--elastic-dir",
          str(tmp_path / "dir"), "--timeout", "20", sys.executable, script, str(tmp_path), "20",
-         "8"], capture_output=True, text=True, timeout=240, env=mpi_env(), cwd=str(tmp_path))
+         "8"], timeout=240, env=mpi_env(), cwd=str(tmp_path))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "the job failed (exit 137): restart 1 of 1" in output, output

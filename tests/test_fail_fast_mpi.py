@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_launch import TESTS_DIR, mpi_env, run_mpi
+from mpi_launch import TESTS_DIR, mpi_env, run_launcher, run_mpi
 
 from ripples.ops import native_lane
 
@@ -68,10 +68,9 @@ def test_fault_tolerant_a_member_frozen_while_the_lane_arms_ends_the_job_within_
     ripplesrun = str(Path(sys.executable).parent / "ripplesrun")
     command = [ripplesrun, "-np", "3", "--fault-tolerant", "--timeout", "2", sys.executable,
                str(TESTS_DIR / "mpi" / "frozen_in_data_phase.py"), "arming"]
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            timeout=120, env=mpi_env())
+    result = run_launcher(command, timeout=120, env=mpi_env(), merged=True)
     ended = time.time()
-    out = result.stdout.decode(errors="replace")
+    out = result.stdout
     frozen = float(re.search(r"FREEZING at ([\d.]+)", out).group(1))
     assert result.returncode != 0 and "FINISHED" not in out, out
     assert "arming the native lane of group (0, 1, 2): rank(s) [1]" in out, out

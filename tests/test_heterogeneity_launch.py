@@ -3,9 +3,10 @@ metrics; a 3x-slow rank's steps take about three times as long as a normal rank'
 import glob
 import json
 import os
-import subprocess
 import sys
 import textwrap
+
+from mpi_launch import run_launcher
 
 SCRIPT = textwrap.dedent("""
     from mpi4py import MPI
@@ -34,12 +35,12 @@ SCRIPT = textwrap.dedent("""
 def test_slowdown_timeline_and_metrics_through_ripplesrun(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    result = subprocess.run(
+    result = run_launcher(
         [sys.executable, "-m", "ripples.runner.launch", "-np", "2", "--slowdown", "1:3",
          "--compute-ms", "40", "--timeline", str(tmp_path / "trace.json"),
          "--metrics", str(tmp_path / "metrics.json"), "--timeout", "20",
          sys.executable, str(script)],
-        capture_output=True, text=True, timeout=90, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        timeout=90, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert result.returncode == 0, result.stdout + result.stderr
 
     metrics = [json.load(open(tmp_path / f"metrics.rank{r}.json")) for r in range(2)]
