@@ -23,7 +23,10 @@ and written as JSON. Rows (interleaved, one iteration of each in turn):
   round trip of a request, its doorbell and the service thread's wake-up;
 - ``AD-PSGD exchange``: each even rank, active, averages with the next odd rank, passive,
   whose responder thread answers (``ripples.torch.adpsgd_exchange``); timed on the active
-  ranks, while the passive ones sleep as if computing.
+  ranks, while the passive ones sleep as if computing. The responder sleeps on a doorbell
+  that the active rank rings, as in ``sync="adpsgd"``;
+- ``AD-PSGD exchange (naps)``: the same with a responder that naps between polls (up to
+  1 ms), as it does where no doorbell could be made.
 
 Compute is EMULATED (sleep). No bar: these numbers are inputs of the simulator.
 """
@@ -40,10 +43,12 @@ import ripples.torch as hvd
 from harness import report, stats, timing
 from ripples.ops.partial import grouped_partial_allreduce_
 from ripples.schedule.service import GeneratorSchedule
+from ripples.comm.doorbell import Doorbell
 from ripples.torch.adpsgd_exchange import Responder, exchange, finish
 
 ROWS = ("raw MPI allreduce (world)", "raw MPI allreduce (group)", "ripples allreduce",
-        "ripples partial_allreduce", "generator request", "AD-PSGD exchange")
+        "ripples partial_allreduce", "generator request", "AD-PSGD exchange",
+        "AD-PSGD exchange (naps)")
 
 
 def parse_args(argv=None):
@@ -67,26 +72,13 @@ def operations(args, world):
     buffer = torch.zeros(args.bytes // 4)
     array = buffer.numpy()
     schedule = GeneratorSchedule(world.Dup(), args.group_size, policy="all", free_comm=True)
-    pairs = world.Dup()
-    active, partner = rank % 2 == 0, rank ^ 1
-    exchanged = torch.zeros(args.bytes // 4)
-    responder = None
-    if not active:
-        responder = Responder(pairs, rank, [partner], threading.Lock(), lambda: [exchanged],
-                              lambda _: None, timeout_s=60.0, stall_s=60.0)
-        responder.start()
-
-    def exchange_if_active(i):
-        if active:
-            exchange(pairs, rank, partner, [exchanged], i, timeout_s=60.0, stall_s=60.0)
+    exchange_rung, close_rung = pair_exchanges(args, world, with_doorbell=True)
+    exchange_napping, close_napping = pair_exchanges(args, world, with_doorbell=False)
 
     def close():
         schedule.close()
-        if active:
-            finish(pairs, rank, [partner], args.warmup + args.iterations, 60.0, 60.0)
-        else:
-            responder.wait()
-        pairs.Free()
+        close_rung()
+        close_napping()
         group_comm.Free()
 
     calls = {
@@ -95,9 +87,44 @@ def operations(args, world):
         ROWS[2]: lambda i: hvd.allreduce_(buffer, name="idle", op=hvd.Sum),
         ROWS[3]: lambda i: grouped_partial_allreduce_([buffer], group),
         ROWS[4]: lambda i: schedule.groups_for_step(i),
-        ROWS[5]: exchange_if_active,
+        ROWS[5]: exchange_rung,
+        ROWS[6]: exchange_napping,
     }
     return calls, close
+
+
+def pair_exchanges(args, world, with_doorbell: bool):
+    """``(call, close)`` of AD-PSGD exchanges between each even (active) rank and the next
+    odd (passive) one, on a communicator of their own (collective)."""
+    rank = world.Get_rank()
+    pairs = world.Dup()
+    active, partner = rank % 2 == 0, rank ^ 1
+    passives = list(range(1, world.Get_size(), 2))
+    doorbell = Doorbell.setup_many(pairs, passives) if with_doorbell else None
+    if with_doorbell and doorbell is None:
+        raise SystemExit("no doorbell could be made on this machine")
+    exchanged = torch.zeros(args.bytes // 4)
+    responder = None
+    if not active:
+        responder = Responder(pairs, rank, [partner], threading.Lock(), lambda: [exchanged],
+                              lambda _: None, timeout_s=60.0, stall_s=60.0, doorbell=doorbell)
+        responder.start()
+
+    def call(i):
+        if active:
+            exchange(pairs, rank, partner, [exchanged], i, timeout_s=60.0, stall_s=60.0,
+                     doorbell=doorbell)
+
+    def close():
+        if active:
+            finish(pairs, rank, [partner], args.warmup + args.iterations, 60.0, 60.0, doorbell)
+        else:
+            responder.wait()
+        if doorbell is not None:
+            doorbell.close()
+        pairs.Free()
+
+    return call, close
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,8 @@ from mpi_launch import REPO_DIR, run_mpi
 
 SCRIPT = str(REPO_DIR / "benchmarks" / "latency_after_idle.py")
 ROWS = {"raw MPI allreduce (world)", "raw MPI allreduce (group)", "ripples allreduce",
-        "ripples partial_allreduce", "generator request", "AD-PSGD exchange"}
+        "ripples partial_allreduce", "generator request", "AD-PSGD exchange",
+        "AD-PSGD exchange (naps)"}
 
 
 def test_four_ranks_time_every_row(tmp_path):

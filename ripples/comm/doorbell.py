@@ -12,37 +12,47 @@ service, only delay it: after each ring the service polls MPI for a short grace 
 it never waits in ``select()`` longer than ``MAX_WAIT_S``. One socket per process (no
 connection per client), so the service's file descriptors do not grow with the world.
 
-Set up collectively (``Doorbell.setup``): the service's rank binds a socket and shares its
-host and port; every rank opens its own socket towards it (the loopback address when it
-runs on the same node). If any rank cannot, nobody gets a doorbell and the service polls
-with naps, as it does without one.
+Set up collectively (``Doorbell.setup``, or ``setup_many`` for several services, as
+AD-PSGD's passive ranks): each service's rank binds a socket and shares its host and port;
+every rank opens one socket of its own to ring them from (towards the loopback address for
+a service on the same node). If any rank cannot, nobody gets a doorbell and the services
+poll with naps, as they do without one.
 """
 from __future__ import annotations
 
 import select
 import socket
-from typing import Optional
+from typing import Dict, Optional, Sequence, Tuple
 
 # The longest the service sleeps without looking at MPI, in case a datagram was lost.
 MAX_WAIT_S = 0.05
 
 
 class Doorbell:
-    """One rank's end of the doorbell: ``ring()`` on every rank, ``wait()`` on the
-    service's rank. Build it with :meth:`setup` (collective)."""
+    """One rank's ends of the doorbells: ``ring()`` on every rank, ``wait()`` on a service's
+    rank. Build it with :meth:`setup` (one service) or :meth:`setup_many` (collective)."""
 
-    def __init__(self, outgoing: socket.socket, incoming: Optional[socket.socket]):
+    def __init__(self, outgoing: socket.socket, incoming: Optional[socket.socket],
+                 targets: Dict[int, Tuple[str, int]]):
         self._out = outgoing
         self._in = incoming
+        self._targets = targets  # service rank -> its socket's address, as seen from here
 
     @classmethod
     def setup(cls, comm, root: int = 0) -> Optional["Doorbell"]:
         """Collective over ``comm``: a doorbell on every rank towards ``root``'s socket, or
         None on every rank when some rank could not make one."""
+        return cls.setup_many(comm, [root])
+
+    @classmethod
+    def setup_many(cls, comm, services: Sequence[int]) -> Optional["Doorbell"]:
+        """Collective over ``comm``: a socket on each rank of ``services`` and, on every
+        rank, a way to ring each of them (``ring(service)``); or None on every rank when
+        some rank could not take part."""
         from mpi4py import MPI
         node = MPI.Get_processor_name()
         incoming, address = None, None
-        if comm.Get_rank() == root:
+        if comm.Get_rank() in services:
             try:
                 incoming = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 incoming.bind(("0.0.0.0", 0))
@@ -50,27 +60,31 @@ class Doorbell:
                 address = (socket.gethostname(), incoming.getsockname()[1], node)
             except OSError:
                 incoming = _closed(incoming)
-        address = comm.bcast(address, root=root)
-        outgoing = None
-        if address is not None:
-            host, port, root_node = address
+        addresses = comm.allgather(address)
+        outgoing, targets = None, {}
+        if all(addresses[s] is not None for s in services):
             try:
-                target = "127.0.0.1" if root_node == node else socket.gethostbyname(host)
                 outgoing = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                outgoing.connect((target, port))
                 outgoing.setblocking(False)
+                for service in services:
+                    host, port, service_node = addresses[service]
+                    target = "127.0.0.1" if service_node == node else socket.gethostbyname(host)
+                    targets[service] = (target, port)
             except OSError:
                 outgoing = _closed(outgoing)
         if not all(comm.allgather(outgoing is not None)):
             _closed(outgoing)
             _closed(incoming)
             return None
-        return cls(outgoing, incoming)
+        return cls(outgoing, incoming, targets)
 
-    def ring(self) -> None:
-        """Tell the service to look for a message now (best effort, never blocks)."""
+    def ring(self, service: Optional[int] = None) -> None:
+        """Tell ``service`` (the only one when None) to look for a message now (best effort,
+        never blocks)."""
+        target = (next(iter(self._targets.values())) if service is None
+                  else self._targets[service])
         try:
-            self._out.send(b"!")
+            self._out.sendto(b"!", target)
         except OSError:  # a full buffer: the service has rings waiting anyway
             pass
 

@@ -19,9 +19,12 @@ Protocol, on a communicator used for nothing else:
 
 The responder serves one active rank at a time, in arrival order. Waits poll against a
 deadline (``Config.timeout_s``) and name the peer they wait for, so a dead or stuck peer
-gives a :class:`RipplesTimeoutError`, never a hang. An idle responder naps between polls
-(doubling up to ``MAX_NAP_S``): a blocking MPI receive would spin in Open MPI's progress
-loop and take the core the passive rank computes on.
+gives a :class:`RipplesTimeoutError`, never a hang. A blocking MPI receive would spin in
+Open MPI's progress loop and take the core the passive rank computes on, so an idle
+responder sleeps instead: on a doorbell (``ripples.comm.doorbell``) that the active rank
+rings after sending its header, once it has polled for ``BELL_GRACE_S`` without a header;
+without a doorbell (some rank could not make one) it naps between polls, doubling up to
+``MAX_NAP_S``.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ripples.comm.doorbell import Doorbell
 from ripples.comm.mpi import Deadline, as_buffer, wait_all
 from ripples.core.errors import MismatchError, RipplesError, RipplesTimeoutError
 
@@ -41,6 +45,9 @@ TAG_HEADER, TAG_DATA, TAG_STATUS, TAG_AVERAGE = 0x4144, 0x4145, 0x4146, 0x4147
 EXCHANGE, DONE = 1, 2
 OK, MISMATCH = 0, 1
 MAX_NAP_S = 1e-3
+# Polling before sleeping on the doorbell: the next header often follows soon (a served
+# exchange, a ring that came before its MPI message could be matched).
+BELL_GRACE_S = 2e-3
 
 
 def layout_of(tensors: Sequence[torch.Tensor]) -> int:
@@ -72,8 +79,9 @@ def _cancel(requests: Sequence[MPI.Request]) -> None:
 
 
 def exchange(comm: MPI.Comm, rank: int, partner: int, tensors: List[torch.Tensor], index: int,
-             timeout_s: float, stall_s: float) -> None:
-    """Average ``tensors`` (this active rank's, written in place) with passive ``partner``'s.
+             timeout_s: float, stall_s: float, doorbell: Optional[Doorbell] = None) -> None:
+    """Average ``tensors`` (this active rank's, written in place) with passive ``partner``'s
+    (ringing its ``doorbell``, when there is one, once the header is on its way).
 
     Returns once both ranks hold the mean. Raises ``MismatchError`` when the partner lays
     out different tensors, ``RipplesTimeoutError`` naming the partner when it does not answer
@@ -85,6 +93,8 @@ def exchange(comm: MPI.Comm, rank: int, partner: int, tensors: List[torch.Tensor
         f"rank {rank}: AD-PSGD exchange {index} with passive rank {partner}"))
     sends = [comm.Isend(header, partner, TAG_HEADER)]
     sends += [comm.Isend(as_buffer(h), partner, TAG_DATA) for h in hosts]
+    if doorbell is not None:
+        doorbell.ring(partner)
     replies = [comm.Irecv(status, partner, TAG_STATUS)]
     try:
         # The averages land in the buffers being sent: receive them only once sent.
@@ -104,10 +114,12 @@ def exchange(comm: MPI.Comm, rank: int, partner: int, tensors: List[torch.Tensor
 
 
 def finish(comm: MPI.Comm, rank: int, passives: Sequence[int], exchanges: int,
-           timeout_s: float, stall_s: float) -> None:
+           timeout_s: float, stall_s: float, doorbell: Optional[Doorbell] = None) -> None:
     """Tell every passive rank that this active rank sends no more exchanges."""
     header = np.array([DONE, 0, 0, exchanges], dtype=np.int64)
     sends = [comm.Isend(header, p, TAG_HEADER) for p in passives]
+    for passive in passives if doorbell is not None else ():
+        doorbell.ring(passive)
     wait_all(sends, Deadline(timeout_s, stall_s, lambda: (
         f"rank {rank}: AD-PSGD end notice to passive ranks {list(passives)}")))
 
@@ -120,13 +132,14 @@ class Responder:
     with ``lock`` held (the passive's optimizer step holds it too). ``on_exchange(active)``
     is called after each exchange served, still under the lock. ``served``: exchanges
     served so far. An error on the thread (a peer that stopped mid-exchange, a layout
-    mismatch) is kept in ``error`` and raised by :meth:`check` and :meth:`wait`.
+    mismatch) is kept in ``error`` and raised by :meth:`check` and :meth:`wait`. With a
+    ``doorbell`` (this rank one of its services) the idle thread sleeps on it.
     """
 
     def __init__(self, comm: MPI.Comm, rank: int, actives: Sequence[int], lock: threading.Lock,
                  tensors: Callable[[], List[torch.Tensor]],
                  on_exchange: Callable[[int], None], timeout_s: float, stall_s: float,
-                 liveness=None):
+                 liveness=None, doorbell: Optional[Doorbell] = None):
         self.comm = comm
         self.rank = rank
         self.lock = lock
@@ -138,6 +151,8 @@ class Responder:
         self._timeout_s = timeout_s
         self._stall_s = stall_s
         self._liveness = liveness  # asked at the deadline whether silent actives are busy
+        self._doorbell = doorbell
+        self.wakeups = 0  # sleeps that ended (naps and doorbell waits)
         self._stop = threading.Event()
         self._header = np.zeros(4, dtype=np.int64)
         self._thread = threading.Thread(target=self._run, name=f"ripples-adpsgd-{rank}",
@@ -189,6 +204,8 @@ class Responder:
     def stop(self) -> None:
         """Stop answering now (cancels the pending receive) and wait for the thread."""
         self._stop.set()
+        if self._doorbell is not None:
+            self._doorbell.ring(self.rank)  # the thread may be asleep on it
         if self._started:
             self._thread.join()
 
@@ -215,11 +232,17 @@ class Responder:
         status = MPI.Status()
         request = self.comm.Irecv(self._header, MPI.ANY_SOURCE, TAG_HEADER)
         pause = 0.0
+        polling_since = time.monotonic()
         while not request.Test(status):
             if self._stop.is_set():
                 request.Cancel()
                 request.Wait()
                 return None
+            self.wakeups += 1
+            if self._doorbell is not None and time.monotonic() - polling_since >= BELL_GRACE_S:
+                if self._doorbell.wait(None):
+                    pause, polling_since = 0.0, time.monotonic()
+                continue
             pause = min(MAX_NAP_S, pause * 2 or 2e-5)
             self._stop.wait(pause)
         return status.Get_source()

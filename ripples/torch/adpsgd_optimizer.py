@@ -48,6 +48,7 @@ from typing import List
 import torch
 from mpi4py import MPI
 
+from ripples.comm.doorbell import Doorbell
 from ripples.core.errors import RanksFailedError
 from ripples.schedule.adpsgd import adpsgd_partner, adpsgd_roles, is_active
 from ripples.torch.adpsgd_exchange import Responder, exchange, finish
@@ -124,11 +125,12 @@ class AdpsgdOptimizer(WrappedOptimizer):
         self._generation = rt.generation
         self._comm = rt.world.Dup()
         actives, self._passives = adpsgd_roles(rt.size)
+        self._doorbell = Doorbell.setup_many(self._comm, self._passives)
         self._responder = None
         if not self.active:
             self._responder = Responder(self._comm, rt.rank, actives, self._lock, self._tensors,
                                         self._served, rt.config.timeout_s,
-                                        rt.config.stall_warning_s, rt.liveness)
+                                        rt.config.stall_warning_s, rt.liveness, self._doorbell)
             if start:
                 self._responder.start()
 
@@ -143,8 +145,10 @@ class AdpsgdOptimizer(WrappedOptimizer):
     def _new_world(self) -> None:
         """The survivors are on a smaller world: take this rank's role there (collective
         over them, called by ``Runtime.recover`` on every survivor in the same order)."""
-        old = self._comm
+        old, old_doorbell = self._comm, self._doorbell
         self._join_world(start=True)
+        if old_doorbell is not None:
+            old_doorbell.close()
         try:
             old.Free()
         except MPI.Exception:  # revoked: nothing to release on the survivors' side
@@ -196,7 +200,7 @@ class AdpsgdOptimizer(WrappedOptimizer):
         try:
             with self.metrics.waiting():
                 exchange(self._comm, rt.rank, partner, tensors, self.exchanges,
-                         rt.config.timeout_s, rt.config.stall_warning_s)
+                         rt.config.timeout_s, rt.config.stall_warning_s, self._doorbell)
         except Exception as error:  # noqa: BLE001 - only a dead peer's is absorbed
             self._recover_from(error, f"exchange {self.exchanges} with rank {partner}")
             self._snapshot.restore(tensors)
@@ -236,7 +240,7 @@ class AdpsgdOptimizer(WrappedOptimizer):
         self._left = True
         if self.active:
             finish(self._comm, rt.rank, self._passives, self.exchanges, rt.config.timeout_s,
-                   rt.config.stall_warning_s)
+                   rt.config.stall_warning_s, self._doorbell)
         else:
             self._responder.wait()
         self._left_generation = rt.generation
@@ -253,6 +257,8 @@ class AdpsgdOptimizer(WrappedOptimizer):
         finally:
             if self._responder is not None:
                 self._responder.stop()
+            if self._doorbell is not None:
+                self._doorbell.close()
             self._comm.Free()
             self.replicas.close()
             rt.uneven_steps.discard(self)

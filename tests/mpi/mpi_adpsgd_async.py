@@ -148,6 +148,32 @@ def test_a_passive_rank_busy_computing_does_not_hold_up_the_active_ranks():
     assert sum(counts[p] for p in PASSIVES) == steps * len(ACTIVES)
 
 
+def test_an_idle_responder_sleeps_on_its_doorbell_and_wakes_for_an_exchange():
+    """Between exchanges a passive's responder sleeps on its doorbell, woken at most every
+    ``MAX_WAIT_S`` (a napping responder wakes about a thousand times a second), and the
+    active's ring brings it to the next exchange, which averages as ever."""
+    from ripples.comm.doorbell import MAX_WAIT_S
+    if not PASSIVES:
+        pytest.skip("a world of one has no passive rank")
+    model = Point(torch.full((2,), float(R), dtype=torch.float64), torch.zeros(1))
+    opt = wrap(model)
+    assert opt._doorbell is not None
+    step_without_gradient(opt, model)  # starts the responders; the actives exchange once
+    WORLD.Barrier()
+    time.sleep(0.1)  # past the responder's polling after the last exchange
+    before = 0 if ACTIVE else opt._responder.wakeups
+    time.sleep(1.0)  # nobody exchanges
+    if not ACTIVE:
+        woken = opt._responder.wakeups - before
+        assert woken <= 1.0 / MAX_WAIT_S + 5, woken
+    WORLD.Barrier()
+    step_without_gradient(opt, model)
+    hvd.join()
+    counts = WORLD.allgather(opt.exchanges)
+    opt.close()
+    assert sum(counts[p] for p in PASSIVES) == 2 * len(ACTIVES)
+
+
 def test_a_passive_step_waits_for_an_averaging_not_for_a_transfer():
     """Active rank 0 sends an exchange's header, then its tensor only 2.5 s later (a slow
     link): meanwhile passive rank 1's step (which takes the model lock) goes on at once,
