@@ -198,6 +198,32 @@ def test_left_worker_is_never_assigned_again():
         gen.request(2)
 
 
+def test_workers_that_all_left_are_counted_again_after_rejoin():
+    """After a join every worker has left; rejoin() brings each back into the divisions
+    (the 'all' policy groups exactly the active workers), its request interval afresh."""
+    now = [0.0]
+    gen = GroupGenerator(4, 2, seed=0, policy="all", clock=lambda: now[0])
+    for now[0] in (0.0, 1.0):  # one step of 1 s
+        for w in range(4):
+            gen.request(w)
+            gen.poll()
+    assert gen.speed_estimate(1) == 1.0
+    for w in range(4):
+        gen.leave(w)
+    assert gen.active == [] and gen.present == []
+    now[0] = 100.0  # an evaluation between the epochs
+    gen.rejoin(1)
+    gen.rejoin(3)
+    gen.rejoin(3)  # already back: nothing changes
+    assert gen.active == [1, 3] and gen.present == [1, 3]
+    gen.request(1)
+    ((_, group),) = gen.poll()[1]
+    assert group == (1, 3)  # the workers still away from the step are not grouped
+    assert gen.speed_estimate(1) == 1.0  # the 99 s away are not a step time
+    with pytest.raises(ValueError, match="has left"):
+        gen.request(0)
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(policy="fastest"), "policy must be one of 'ready', 'all'"),
     (dict(group_size=0), r"group_size must be >= 1 and <= size \(8\), got 0"),

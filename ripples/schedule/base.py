@@ -72,6 +72,11 @@ class Schedule(abc.ABC):
         self._left = True
         return []
 
+    def rejoin(self) -> None:
+        """Take part again after a ``join()`` that every rank completed (training goes on
+        after a join, as in Horovod: one join per epoch of uneven work)."""
+        self._left = False
+
     def close(self) -> None:
         """Release resources. Safe to call more than once."""
         self._left = True

@@ -257,6 +257,18 @@ class GroupGenerator:
         state.away = True
         self._present_count -= 1
 
+    def rejoin(self, worker: int) -> None:
+        """Count ``worker`` again after it left (every worker left in a ``join()``, which
+        ended; training goes on). Its request interval starts afresh: the time it was gone
+        is no step time."""
+        state = self._workers[self._check_worker(worker)]
+        if state.active:
+            return
+        state.active = True
+        state.away = False
+        state.last_request = None
+        self._present_count += 1
+
     def leave(self, worker: int) -> List[Assignment]:
         """Remove ``worker`` from future divisions; return its buffered groups, which it
         must still execute (its group-mates expect it)."""

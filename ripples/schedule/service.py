@@ -202,6 +202,8 @@ class GeneratorService:
                 self._request_ids[rank] = request_id
             elif op == "away":  # no answer: the client does not wait for one
                 self.generator.away(rank)
+            elif op == "back":  # after a join every rank completed; no answer either
+                self.generator.rejoin(rank)
             elif op in ("leave", "close"):
                 if op == "close":
                     self.closed.add(rank)
@@ -296,6 +298,19 @@ class GeneratorSchedule(Schedule):
         self._away = True
         self._sends = [req for req in self._sends if not req.Test()]
         self._sends.append(self.comm.isend(("away", self.rank, 0), dest=SERVICE_RANK,
+                                           tag=TAG_REQUEST))
+        if self._doorbell is not None:
+            self._doorbell.ring()
+
+    def rejoin(self) -> None:
+        """Take part again after a ``join()`` that every rank completed: the generator
+        counts this rank again (told without waiting for an answer; the next request,
+        sent after it on the same tag, finds it counted)."""
+        if not self._left or self._closed:
+            return
+        self._left = self._away = False
+        self._sends = [req for req in self._sends if not req.Test()]
+        self._sends.append(self.comm.isend(("back", self.rank, 0), dest=SERVICE_RANK,
                                            tag=TAG_REQUEST))
         if self._doorbell is not None:
             self._doorbell.ring()

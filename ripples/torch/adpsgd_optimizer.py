@@ -126,13 +126,18 @@ class AdpsgdOptimizer(WrappedOptimizer):
         self._comm = rt.world.Dup()
         actives, self._passives = adpsgd_roles(rt.size)
         self._doorbell = Doorbell.setup_many(self._comm, self._passives)
+        self._actives = actives
         self._responder = None
         if not self.active:
-            self._responder = Responder(self._comm, rt.rank, actives, self._lock, self._tensors,
-                                        self._served, rt.config.timeout_s,
-                                        rt.config.stall_warning_s, rt.liveness, self._doorbell)
+            self._responder = self._new_responder()
             if start:
                 self._responder.start()
+
+    def _new_responder(self) -> Responder:
+        rt = self._runtime
+        return Responder(self._comm, rt.rank, self._actives, self._lock, self._tensors,
+                         self._served, rt.config.timeout_s, rt.config.stall_warning_s,
+                         rt.liveness, self._doorbell)
 
     def _abandon_world(self) -> None:
         """Ranks died: revoke the exchanges' communicator (ranks waiting in it stop) and
@@ -168,9 +173,11 @@ class AdpsgdOptimizer(WrappedOptimizer):
 
     def step(self, closure=None):
         """The wrapped optimizer's step; then, on an active rank when one is due, an
-        exchange with a random passive rank (waits for that exchange only)."""
+        exchange with a random passive rank (waits for that exchange only). A step after
+        ``join()`` takes part again, as in Horovod (the join ended when every rank had
+        joined: every exchange of the last round was served)."""
         if self._left:
-            raise RuntimeError(f"rank {self._runtime.rank} called step() after join()")
+            self._rejoin()
         if self._responder is not None and self._responder.error is not None:
             self._recover_from(self._responder.error, "an exchange this passive rank served")
         if self._responder is not None:
@@ -207,6 +214,14 @@ class AdpsgdOptimizer(WrappedOptimizer):
             return
         self.exchanges += 1
         self.metrics.add_group(2)
+
+    def _rejoin(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"rank {self._runtime.rank} called step() after close()")
+        self._left = False
+        self._left_generation = None
+        if not self.active:  # the last responder ended with every active rank's DONE
+            self._responder = self._new_responder()
 
     def _served(self, active: int) -> None:
         self.exchanges += 1

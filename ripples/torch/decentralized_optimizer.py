@@ -185,9 +185,11 @@ class DecentralizedOptimizer(WrappedOptimizer):
 
     def step(self, closure=None):
         """The wrapped optimizer's step, then the P-Reduce when one is due (collective
-        with the members of this step's group)."""
+        with the members of this step's group). A step after ``join()`` takes part again
+        (``join()`` returns once every rank has joined: a join per epoch of uneven work
+        works as in Horovod)."""
         if self._left:
-            raise RuntimeError(f"rank {self._runtime.rank} called step() after join()")
+            self._rejoin()
         self._finish_compute()
         result = self.optimizer.step(closure)
         if (self._steps + 1) % self._sync_every == 0:
@@ -302,6 +304,12 @@ class DecentralizedOptimizer(WrappedOptimizer):
         super().load_extra_state(extra)
         self._syncs = int(extra.get("syncs", 0))
         self.schedule.restore(extra.get("schedule_state", {}))
+
+    def _rejoin(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"rank {self._runtime.rank} called step() after close()")
+        self._left = False
+        self.schedule.rejoin()
 
     def leave(self) -> None:
         """Stop training on this rank: run the groups already assigned to it, get no more."""

@@ -213,25 +213,28 @@ def test_a_passive_step_waits_for_an_averaging_not_for_a_transfer():
     comm.Free()
 
 
-def test_join_with_uneven_steps_leaves_no_message_behind():
+def test_join_with_uneven_steps_leaves_no_message_behind_and_training_goes_on():
+    """Two rounds of uneven work, each ended by a join (one per epoch, as in Horovod): the
+    second round trains and exchanges as the first, and no message is left unmatched."""
     model = Point(torch.full((3,), float(R), dtype=torch.float64), torch.zeros(2))
     opt = wrap(model, lr=0.01)
-    for _ in range(3 + 4 * R):
-        opt.zero_grad()
-        (model.wide.square().sum() + model.narrow.square().sum()).backward()
-        opt.step()
-    last = hvd.join()
-    assert 0 <= last < N
-    with pytest.raises(RuntimeError, match="after join"):
-        opt.step()
+    for _ in range(2):
+        for _ in range(3 + 4 * R):
+            opt.zero_grad()
+            (model.wide.square().sum() + model.narrow.square().sum()).backward()
+            opt.step()
+        last = hvd.join()
+        assert 0 <= last < N
     WORLD.Barrier()
     assert not opt._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)  # every message was matched
     counts = WORLD.allgather((ACTIVE, opt.exchanges, opt.metrics.steps))
     opt.close()
     opt.close()  # idempotent
-    assert [c[2] for c in counts] == [3 + 4 * r for r in range(N)]
+    with pytest.raises(RuntimeError, match="after close"):
+        opt.step()
+    assert [c[2] for c in counts] == [2 * (3 + 4 * r) for r in range(N)]
     assert sum(c for a, c, _ in counts if a) == sum(c for a, c, _ in counts if not a)
-    assert sum(c for a, c, _ in counts if a) == (sum(3 + 4 * r for r in ACTIVES)
+    assert sum(c for a, c, _ in counts if a) == (2 * sum(3 + 4 * r for r in ACTIVES)
                                                    if PASSIVES else 0)
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == N  # the runtime still works
 
