@@ -5,9 +5,11 @@ from typing import Iterable, Mapping, Union
 
 import torch
 
+from ripples import runtime as _runtime
 from ripples.ops.collectives import broadcast_, broadcast_object, grouped_allreduce_
 from ripples.core.reduce_ops import ReduceOp
 from ripples.ops.reduction import split_by_dtype
+from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import serving
 
 
@@ -34,6 +36,12 @@ def broadcast_parameters(params, root_rank: int) -> None:
 def broadcast_optimizer_state(optimizer, root_rank: int) -> None:
     """Give every rank the optimizer state (momentum, step counts) of ``root_rank``.
 
+    For a ``DistributedOptimizer`` that includes its own counters (the steps and syncs a
+    ``state_dict()`` saves under ``"ripples"``), as if every rank had loaded the root's
+    checkpoint: a script that loads a checkpoint on the root only and then broadcasts
+    resumes every rank at the root's step, which the static and random schedules need to
+    give every rank the same groups.
+
     While the root's optimizer has no state yet (no step taken), every parameter that
     requires a gradient and has none gets a zero gradient, as Horovod leaves them; frozen
     parameters keep ``grad`` None. Horovod also takes an optimizer step on those zero
@@ -41,8 +49,14 @@ def broadcast_optimizer_state(optimizer, root_rank: int) -> None:
     parameters), and the state stays empty until the first real step.
     """
     inner = getattr(optimizer, "optimizer", optimizer)
-    state = broadcast_object(inner.state_dict(), root_rank)
+    wrapper = optimizer if isinstance(optimizer, WrappedOptimizer) else None
+    extra = wrapper.extra_state() if wrapper is not None else None
+    state, extra = broadcast_object((inner.state_dict(), extra), root_rank)
+    if wrapper is not None:
+        wrapper.check_extra_state(extra)  # settings this rank cannot take: nothing loaded
     inner.load_state_dict(state)
+    if wrapper is not None and _runtime.current().rank != root_rank:
+        wrapper.load_extra_state(extra)
     if not state["state"]:
         for group in inner.param_groups:
             for param in group["params"]:

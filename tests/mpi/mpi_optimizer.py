@@ -163,3 +163,76 @@ def test_broadcast_optimizer_state():
     assert opt.param_groups[0]["lr"] == 0.1
     sums = hvd.allgather_object(sum(p.sum().item() for p in model.parameters()))
     assert len(set(round(s, 5) for s in sums)) == 1
+
+
+@pytest.mark.parametrize("sync,schedule", [
+    ("allreduce", None), ("ripples", "static"), ("ripples", "random"),
+    ("ripples", "generator"), ("adpsgd-sync", None), ("adpsgd", None)])
+def test_training_goes_on_after_a_join_each_epoch(sync, schedule):
+    """Horovod's pattern of one ``join()`` per epoch of uneven work: every mode trains on
+    after each join (uneven step counts where the mode allows them). With the learning rate
+    at 0 only averaging moves the replicas, set apart at the start of every epoch: where
+    averaging pairs are fixed by the step (static, random, AD-PSGD), every epoch brings
+    them closer, the epochs after a join too."""
+    lockstep = schedule in ("static", "random") or sync == "adpsgd-sync"
+    model = make_model(seed=R)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters(), sync=sync,
+                                   schedule=schedule, group_size=2, model=model)
+    x, y = digits()
+    steps = 4 if lockstep else 2 + 2 * R
+    distances = []
+    for epoch in range(3):
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(0.1 * R)
+        apart = hvd.consensus_distance(model)
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[:32]), y[:32]).backward()
+            opt.step()
+        hvd.join()
+        distances.append((apart, hvd.consensus_distance(model)))
+    assert opt.metrics.steps == 3 * steps
+    opt.close()
+    if N > 1 and schedule != "generator" and sync != "allreduce":
+        assert all(after < apart for apart, after in distances), distances
+
+
+@pytest.mark.parametrize("schedule", ["static", "random"])
+def test_a_checkpoint_loaded_on_the_root_only_resumes_every_rank_at_its_step(schedule):
+    """Horovod's resume: load the checkpoint on rank 0, then broadcast_parameters and
+    broadcast_optimizer_state. Every rank then goes on at rank 0's step, so the lockstep
+    schedules give every rank the same groups (different steps gave ranks different
+    groups: a MismatchError, or a rank left waiting)."""
+    def wrapped():
+        model = make_model(seed=0)
+        return model, hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+            named_parameters=model.named_parameters(), sync="ripples", schedule=schedule,
+            group_size=2, model=model)
+
+    x, y = digits()
+
+    def train(model, opt, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[:32]), y[:32]).backward()
+            opt.step()
+
+    model, opt = wrapped()
+    train(model, opt, 3)
+    saved = opt.state_dict() if R == 0 else None
+    opt.close()
+    model, opt = wrapped()
+    if R == 0:
+        opt.load_state_dict(saved)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    extra = opt.state_dict()["ripples"]
+    assert (extra["steps"], extra["syncs"]) == (3, 3), extra
+    train(model, opt, 3)
+    hvd.join()
+    steps = hvd.allgather_object(opt.state_dict()["ripples"]["steps"])
+    opt.close()
+    assert steps == [6] * N
