@@ -296,11 +296,7 @@ class GeneratorSchedule(Schedule):
         if self._away or self._held or self._left:
             return
         self._away = True
-        self._sends = [req for req in self._sends if not req.Test()]
-        self._sends.append(self.comm.isend(("away", self.rank, 0), dest=SERVICE_RANK,
-                                           tag=TAG_REQUEST))
-        if self._doorbell is not None:
-            self._doorbell.ring()
+        self._notify("away")
 
     def rejoin(self) -> None:
         """Take part again after a ``join()`` that every rank completed: the generator
@@ -309,8 +305,12 @@ class GeneratorSchedule(Schedule):
         if not self._left or self._closed:
             return
         self._left = self._away = False
+        self._notify("back")
+
+    def _notify(self, op: str) -> None:
+        """Send the service ``op``, which it does not answer, and ring its doorbell."""
         self._sends = [req for req in self._sends if not req.Test()]
-        self._sends.append(self.comm.isend(("back", self.rank, 0), dest=SERVICE_RANK,
+        self._sends.append(self.comm.isend((op, self.rank, 0), dest=SERVICE_RANK,
                                            tag=TAG_REQUEST))
         if self._doorbell is not None:
             self._doorbell.ring()

@@ -118,8 +118,9 @@ def finish(comm: MPI.Comm, rank: int, passives: Sequence[int], exchanges: int,
     """Tell every passive rank that this active rank sends no more exchanges."""
     header = np.array([DONE, 0, 0, exchanges], dtype=np.int64)
     sends = [comm.Isend(header, p, TAG_HEADER) for p in passives]
-    for passive in passives if doorbell is not None else ():
-        doorbell.ring(passive)
+    if doorbell is not None:
+        for passive in passives:
+            doorbell.ring(passive)
     wait_all(sends, Deadline(timeout_s, stall_s, lambda: (
         f"rank {rank}: AD-PSGD end notice to passive ranks {list(passives)}")))
 
