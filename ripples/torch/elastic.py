@@ -48,6 +48,7 @@ from ripples.core.errors import RanksFailedError, RipplesError
 from ripples.ops.collectives import allgather_object, broadcast_object
 from ripples.core.optim_wrapper import OptimizerWrapper
 from ripples.torch.functions import broadcast_optimizer_state, broadcast_parameters
+from ripples.torch.replicas import own_replica_read
 
 HorovodInternalError = RanksFailedError
 _resumed = False  # the commit of a previous launch was looked for (once per process)
@@ -231,7 +232,8 @@ class TorchState(State):
     def save(self) -> None:
         super().save()
         if self.model is not None:
-            self._saved_model = copy.deepcopy(self.model.state_dict())
+            with own_replica_read():
+                self._saved_model = copy.deepcopy(self.model.state_dict())
         if _on_servers(self.optimizer):
             # Only rank 0 persists a commit; asking the servers costs their whole state.
             if _runtime.current().rank == 0:
@@ -256,7 +258,9 @@ class TorchState(State):
         """Make every rank's model, optimizer, attributes and samplers rank 0's
         (collective), then save them."""
         if self.model is not None:
-            broadcast_parameters(self.model.state_dict(), root_rank=0)
+            with own_replica_read():
+                model_state = self.model.state_dict()
+            broadcast_parameters(model_state, root_rank=0)
         if _on_servers(self.optimizer):
             servers_state = broadcast_object(self._servers_to_load, root_rank=0)
             self._servers_to_load = None

@@ -10,10 +10,26 @@ the right thing before evaluating or saving.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
+
+
+_own_reads = 0  # > 0 while ripples itself reads a replica on purpose
+
+
+@contextlib.contextmanager
+def own_replica_read() -> Iterator[None]:
+    """ripples reads this rank's replica on purpose (an elastic commit saves it, an elastic
+    sync broadcasts rank 0's): no warning, and the one warning stays for the user's read."""
+    global _own_reads
+    _own_reads += 1
+    try:
+        yield
+    finally:
+        _own_reads -= 1
 
 
 class ReplicaCheck:
@@ -44,7 +60,7 @@ class ReplicaCheck:
             self._handle = None
 
     def _read(self, module, prefix, keep_vars) -> None:
-        if self.differ and not self.warned and not prefix:
+        if self.differ and not self.warned and not prefix and not _own_reads:
             self.warned = True
             warnings.warn(
                 f"rank {self.rank} reads the state_dict() of its own replica of a model "

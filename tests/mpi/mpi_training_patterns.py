@@ -628,3 +628,30 @@ def test_saving_a_replica_that_may_differ_warns_once_until_averaged(mode):
         assert f"rank {R} reads the state_dict() of its own replica" in found[0]
     assert warnings_of_reading() == []  # once
     finish(opt)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_elastic_commit_reads_the_replica_without_taking_the_users_warning(mode):
+    """hvd.elastic.TorchState saves (commit) and broadcasts (sync) this rank's replica on
+    purpose: that is no cause to warn, and the one warning must stay for the user's own
+    state_dict() read (before, ripples' commit took it, so the checkpoint went unwarned)."""
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters(),
+                                   **({"model": model} if mode != "allreduce" else {}),
+                                   **MODES[mode])
+    x, y = batch(0, R)
+    opt.zero_grad()
+    loss_of(model, x, y).backward()
+    opt.step()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = hvd.elastic.TorchState(model, opt, step=1)
+        state.commit()
+        state.sync()
+        ripples_reads = [str(w.message) for w in caught if "average_model" in str(w.message)]
+        model.state_dict()
+        users_read = [str(w.message) for w in caught if "average_model" in str(w.message)]
+    assert ripples_reads == []
+    assert len(users_read) == (1 if mode != "allreduce" and N > 1 else 0), users_read
+    finish(opt)
