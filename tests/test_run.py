@@ -533,6 +533,22 @@ exit 1""", later="")
         stranger.wait()
 
 
+def test_a_rank_still_exiting_when_mpiexec_ends_is_not_called_left_behind(tmp_path, capfd):
+    """mpiexec may end while the ranks it signalled (Ctrl-C, an abort) are still exiting; a
+    rank that ends within LEFTOVER_GRACE_S is not named "frozen or blocked for good"."""
+    pids = tmp_path / "pids"
+    host = socket.gethostname()
+    exiting_s = 1.0  # within LEFTOVER_GRACE_S
+    argv, _ = _stand_in_mpiexec(tmp_path, f"""sleep {exiting_s} >/dev/null 2>&1 & left=$!
+echo "$left" > {pids}
+echo "(rank, host, exe, pid) = (0, {host}, /bin/sleep, $left)" >&2
+sleep 0.3
+exit 1""", later="")
+    assert job_process.run_job(argv, dict(os.environ), start_timeout_s=30.0) == 1
+    assert leftovers.start_ticks(int(pids.read_text())) is None
+    assert "outlived" not in capfd.readouterr().err
+
+
 def test_start_timeout_flag():
     assert parse_args(["-np", "2", "x"]).start_timeout == 120
     assert parse_args(["-np", "2", "--start-timeout", "0", "x"]).start_timeout == 0

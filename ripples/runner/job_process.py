@@ -33,6 +33,9 @@ EXIT_NOT_STARTED = 1
 PROCTABLE_OPTION = "--output-proctable=+"
 # How long mpiexec may take to stop every rank after one called MPI_Abort.
 ABORT_GRACE_S = 10.0
+# How long ranks of this host may take to exit once mpiexec has ended (freeing a large
+# process's memory takes a moment) before they are killed as left behind.
+LEFTOVER_GRACE_S = 2.0
 
 
 def run_job(argv: List[str], env: Dict[str, str], start_retries: int = 1,
@@ -57,11 +60,13 @@ def run_job(argv: List[str], env: Dict[str, str], start_retries: int = 1,
         argv = [argv[0], PROCTABLE_OPTION, *argv[1:]]
     while True:
         code, report = _run_once(argv, env, start_timeout_s)
-        left = report.local_ranks.end_leftovers()
+        left = report.local_ranks.end_leftovers(LEFTOVER_GRACE_S)
         if left:
-            print(f"ripplesrun: {', '.join(left)} of this host outlived mpiexec (frozen or "
-                  "blocked for good): killed", file=sys.stderr, flush=True)
-        if code == 0 or not report.start_failed or report.lost or start_retries <= 0:
+            why = "on Ctrl-C" if report.interrupted else "(frozen or blocked for good)"
+            print(f"ripplesrun: {', '.join(left)} of this host outlived mpiexec by "
+                  f"{LEFTOVER_GRACE_S:g} s {why}: killed", file=sys.stderr, flush=True)
+        if (code == 0 or not report.start_failed or report.lost or report.interrupted
+                or start_retries <= 0):
             return code
         start_retries -= 1
         print("ripplesrun: Open MPI's runtime failed to start the job before any rank ran: "
@@ -105,6 +110,7 @@ def _run_once(argv: List[str], env: Dict[str, str],
             _stop(proc, copiers)
             return (0 if report.survivors_finished else EXIT_ABORT_STUCK), report
         except KeyboardInterrupt:
+            report.interrupted = True
             proc.send_signal(signal.SIGINT)
     _join(copiers)
     if code != 0 and report.survivors_finished:
@@ -183,6 +189,7 @@ class JobReport:
         self.lost: List[str] = []
         self.ending_at: Optional[float] = None
         self.survivors_finished = False
+        self.interrupted = False  # Ctrl-C was forwarded to mpiexec
         self._start_failure_said = False
         self.local_ranks = LocalRanks(launcher)
 

@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -77,13 +78,20 @@ class LocalRanks:
             self._started[pid] = start_ticks(pid)
             self._ranks[pid] = int(match.group(1))
 
-    def end_leftovers(self) -> List[str]:
-        """Kill (SIGKILL) the ranks still alive; returns "rank R (pid P)" for each."""
+    def end_leftovers(self, grace_s: float = 0.0) -> List[str]:
+        """Kill (SIGKILL) the ranks still alive ``grace_s`` seconds from now; returns "rank R
+        (pid P)" for each. The grace lets ranks that mpiexec signalled as it ended (Ctrl-C,
+        an abort) finish exiting: a large process takes a moment to free its memory."""
+        deadline = time.monotonic() + grace_s
+        while self._alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         ended = []
-        for pid, started in self._started.items():
-            if started is None or start_ticks(pid) != started:
-                continue
+        for pid in self._alive():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
                 ended.append(f"rank {self._ranks[pid]} (pid {pid})")
         return ended
+
+    def _alive(self) -> List[int]:
+        return [pid for pid, started in self._started.items()
+                if started is not None and start_ticks(pid) == started]
