@@ -114,6 +114,28 @@ def test_a_rank_that_gave_up_is_hung_only_to_waits_that_began_before(monkeypatch
     rank.close()
 
 
+def test_the_stall_warning_for_a_busy_peer_says_the_wait_goes_on(monkeypatch, caplog):
+    """The wait goes on, so its warning must not repeat the timeout's "gave up"."""
+    from mpi4py import MPI
+
+    from ripples.comm import liveness as module
+    from ripples.core.errors import RipplesTimeoutError
+
+    rank = module.Liveness(MPI.COMM_SELF.Dup(), T, T, enabled=False)
+    monkeypatch.setattr(rank, "probe", lambda peers: {p: PeerState(OUTSIDE, NEVER)
+                                                      for p in peers})
+    rank.enabled, rank._thread = True, object()  # as if its responder ran
+    with caplog.at_level("WARNING", logger=module.log.name):
+        rank.keep_waiting([5], RipplesTimeoutError(
+            "allreduce 'loss': rank 5 missing: gave up after 3.5 s (Config.timeout_s / "
+            "RIPPLES_TIMEOUT_S)", missing=[5]))
+    warning = caplog.records[-1].getMessage()
+    assert "allreduce 'loss': rank 5 missing: not done after 3.5 s;" in warning, warning
+    assert "gave up" not in warning and "keeps waiting" in warning
+    rank._thread = None
+    rank.close()
+
+
 def test_a_silent_peer_is_named_as_silent_so_fault_tolerance_can_go_on_without_it(monkeypatch):
     from mpi4py import MPI
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import socket
 import threading
 import time
@@ -282,7 +283,8 @@ class Liveness:
         who = (f"alive and busy outside ripples: {busy_report(states, verdict.busy)}"
                if verdict.busy else "the peers are alive and waiting on others")
         log.warning("%s; %s, so rank %d keeps waiting (a slow rank is not a dead one; "
-                    "Config.wait_for_busy_peers=False fails instead)", error, who, self.rank)
+                    "Config.wait_for_busy_peers=False fails instead)", _still_waiting(error),
+                    who, self.rank)
 
     # ------------------------------------------------------------------ the responder
 
@@ -329,3 +331,13 @@ class Liveness:
         if self._thread is not None:
             self._thread.join()
         self._comm.Free()
+
+
+_GAVE_UP = re.compile(r"gave up after ([0-9.e+-]+) s \(Config\.timeout_s / RIPPLES_TIMEOUT_S\)")
+
+
+def _still_waiting(error: RipplesTimeoutError) -> str:
+    """The text of the timeout that a stall warning reports, for a wait that goes on: it
+    did not give up, and the seconds are those waited so far (a liveness check comes a
+    little before ``Config.timeout_s``)."""
+    return _GAVE_UP.sub(r"not done after \1 s", str(error))
