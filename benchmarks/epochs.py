@@ -13,7 +13,11 @@ batch 16), as:
 - ``ripples``: ``examples/epochs_ripples.py``, the port (also ``model=`` and
   ``hvd.average_model`` before each evaluation);
 - ``adpsgd``: the port with ``--sync adpsgd`` (asynchronous AD-PSGD);
-- ``ddp``: ``benchmarks/epochs_ddp.py``, the script written for PyTorch DDP (gloo).
+- ``ddp``: ``benchmarks/epochs_ddp.py``, the script written for PyTorch DDP (gloo);
+- ``horovod``: the unchanged script on Horovod itself, where it is installed (``bash
+  benchmarks/install_horovod.sh``; the row is left out otherwise). Its emulated compute
+  follows ripples' rule, padded after ``backward()`` (Horovod's all-reduces run meanwhile,
+  as ripples' buckets do while ``step()`` pads).
 
 Scenarios: ``homogeneous``; ``one-slow`` (the last rank 4x slower); ``random-slow`` (each
 step, each rank 5x slower with probability 0.1). Compute is EMULATED: every step is padded
@@ -28,6 +32,7 @@ ceiling: the time ratio if every rank worked at its own speed with no waiting at
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import sys
@@ -38,7 +43,20 @@ from pathlib import Path
 from harness import launch, report, stats
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ["allreduce", "ripples-dropin", "ripples", "adpsgd", "ddp"]
+MODES = ["allreduce", "ripples-dropin", "ripples", "adpsgd", "ddp", "horovod"]
+# The Horovod script's own lines where the horovod row pads its emulated compute.
+HOROVOD_PADDING = [
+    ("hvd.init()\n", "hvd.init()\n"
+     "from ripples.core.config import Config as _Config\n"
+     "from ripples.core.heterogeneity import SlowdownInjector as _Injector\n"
+     "_injector = _Injector.from_config(_Config.load(), hvd.rank(), hvd.size())\n"
+     "_step_end = time.perf_counter()\n"),
+    ("        F.cross_entropy(model(data), target).backward()\n",
+     "        F.cross_entropy(model(data), target).backward()\n"
+     "        _injector.finish_step(time.perf_counter() - _step_end)\n"),
+    ("        optimizer.step()\n", "        optimizer.step()\n"
+     "        _step_end = time.perf_counter()\n"),
+]
 SCENARIOS = {
     "homogeneous": {},
     "one-slow": {"RIPPLES_SLOWDOWN": "{last}:4"},
@@ -73,13 +91,18 @@ def write_scripts(directory: Path) -> dict:
                            "hvd.DistributedSampler(")
     dropin = _replace_once(dropin, "named_parameters=model.named_parameters())",
                            'named_parameters=model.named_parameters(), sync="ripples")')
+    padded = horovod
+    for old, new in HOROVOD_PADDING:
+        padded = _replace_once(padded, old, new)
     (directory / "allreduce.py").write_text(allreduce)
     (directory / "dropin.py").write_text(dropin)
+    (directory / "horovod.py").write_text(padded)
     port = str(ROOT / "examples" / "epochs_ripples.py")
     return {"allreduce": [str(directory / "allreduce.py")],
             "ripples-dropin": [str(directory / "dropin.py")],
             "ripples": [port, "--sync", "ripples"], "adpsgd": [port, "--sync", "adpsgd"],
-            "ddp": [str(ROOT / "benchmarks" / "epochs_ddp.py")]}
+            "ddp": [str(ROOT / "benchmarks" / "epochs_ddp.py")],
+            "horovod": [str(directory / "horovod.py")]}
 
 
 def run_once(args, command, scenario: str, repeat: int, checkpoint: Path) -> dict:
@@ -148,6 +171,10 @@ def main(argv=None) -> int:
         m for m in args.modes.split(",") if m and m not in MODES]
     if wrong:
         parser.error(f"unknown {wrong}; scenarios: {list(SCENARIOS)}, modes: {MODES}")
+    if "horovod" in modes and importlib.util.find_spec("horovod") is None:
+        modes.remove("horovod")
+        print("horovod: not installed, row left out (bash benchmarks/install_horovod.sh)",
+              flush=True)
     print(f"epoch-loop benchmark: {args.np} ranks on {os.cpu_count()} cores, {args.epochs} "
           f"epochs, compute EMULATED ({args.compute_ms:g} ms/step), {args.repeats} interleaved "
           f"repeats, {time.strftime('%Y-%m-%d')}", flush=True)
