@@ -10,7 +10,18 @@
 # are plain environment variables, forwarded by Open MPI to local ranks:
 #
 #   RIPPLES_SLOWDOWN=3:5 RIPPLES_COMPUTE_MS=50 launch/horovodrun.sh python train.py
+#
+# With Open MPI: the binding in Open MPI's own spelling (Open MPI 5 reads horovodrun's
+# "-bind-to none" as a program named "none"), and, with more ranks than local cores, waits
+# that yield (horovodrun declares NP slots, so Open MPI would spin in every wait).
 set -euo pipefail
 
 np="${NP:-4}"
-exec horovodrun --mpi -np "$np" "$@"
+extra=()
+if mpirun --version 2>/dev/null | grep -q "Open MPI"; then
+    extra+=(--binding-args="--bind-to none --map-by slot")
+    if [ "$np" -gt "$(nproc)" ]; then
+        extra+=(--mpi-args="--mca mpi_yield_when_idle 1")
+    fi
+fi
+exec horovodrun --mpi -np "$np" "${extra[@]}" "$@"

@@ -2,17 +2,15 @@
 benchmarks/install_horovod.sh`` builds it: its last release needs a C++17 patch to build
 against torch >= 2.1, so usually it is not installed)."""
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from mpi_launch import TESTS_DIR, mpi_env, run_launcher, run_mpi
+from mpi_launch import REPO_DIR, TESTS_DIR, mpi_env, run_launcher, run_mpi
 
-HOROVODRUN = Path(sys.executable).parent / "horovodrun"
-# Horovod's launcher passes Open MPI "-bind-to none", which Open MPI 5's mpiexec takes for
-# the program "none": the binding must be given in its own spelling (docs/launching.md).
-OPEN_MPI_5_BINDING = "--bind-to none --map-by slot"
+BIN = Path(sys.executable).parent
 
 
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
@@ -22,9 +20,12 @@ def test_horovod_and_ripples_side_by_side():
     assert result.stdout.count("side by side ok") == 2
 
 
-@pytest.mark.skipif(not HOROVODRUN.exists(),
+@pytest.mark.skipif(not (BIN / "horovodrun").exists(),
                     reason="Horovod is not installed (bash benchmarks/install_horovod.sh)")
-def test_horovodrun_mpi_launches_a_ripples_script(tmp_path):
+@pytest.mark.parametrize("np_", [2, 3])  # 3 ranks: more than this machine's 2 cores
+def test_launch_horovodrun_sh_starts_a_ripples_script(tmp_path, np_):
+    """launch/horovodrun.sh: ``horovodrun --mpi`` plus what Open MPI 5 needs (its own
+    binding spelling; yielding waits with more ranks than cores)."""
     script = tmp_path / "train.py"
     script.write_text("""import torch
 import ripples.torch as hvd
@@ -32,8 +33,10 @@ hvd.init()
 total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)
 print(f"rank {hvd.rank()} of {hvd.size()} sum {total.item():g}", flush=True)
 """)
-    result = run_launcher([str(HOROVODRUN), "--mpi", "-np", "2", "--binding-args",
-                           OPEN_MPI_5_BINDING, sys.executable, str(script)], timeout=120,
-                          env=mpi_env(), merged=True)
+    env = mpi_env({"NP": str(np_), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+    result = run_launcher([str(REPO_DIR / "launch" / "horovodrun.sh"), sys.executable,
+                           str(script)], timeout=120, env=env, merged=True)
     assert result.returncode == 0, result.stdout
-    assert "rank 0 of 2 sum 1" in result.stdout and "rank 1 of 2 sum 1" in result.stdout
+    total = sum(range(np_))
+    for rank in range(np_):
+        assert f"rank {rank} of {np_} sum {total}" in result.stdout, result.stdout
