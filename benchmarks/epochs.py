@@ -16,8 +16,9 @@ batch 16), as:
 - ``ddp``: ``benchmarks/epochs_ddp.py``, the script written for PyTorch DDP (gloo);
 - ``horovod``: the unchanged script on Horovod itself, where it is installed (``bash
   benchmarks/install_horovod.sh``; the row is left out otherwise). Its emulated compute
-  follows ripples' rule, padded after ``backward()`` (Horovod's all-reduces run meanwhile,
-  as ripples' buckets do while ``step()`` pads).
+  follows ripples' rule, padded between the forward pass and ``backward()`` as in the DDP
+  row: no row's communication overlaps the emulated compute (ripples waits for its
+  buckets when backward ends, as DDP does, and pads in ``step()``).
 
 Scenarios: ``homogeneous``; ``one-slow`` (the last rank 4x slower); ``random-slow`` (each
 step, each rank 5x slower with probability 0.1). Compute is EMULATED: every step is padded
@@ -49,11 +50,14 @@ HOROVOD_PADDING = [
     ("hvd.init()\n", "hvd.init()\n"
      "from ripples.core.config import Config as _Config\n"
      "from ripples.core.heterogeneity import SlowdownInjector as _Injector\n"
-     "_injector = _Injector.from_config(_Config.load(), hvd.rank(), hvd.size())\n"
+     "_injector = _Injector.from_config(_Config.load(), hvd.rank(), hvd.size())\n"),
+    # The first step's compute starts with the timed loop, as ripples' starts at wrapping.
+    ("began = time.perf_counter()\n", "began = time.perf_counter()\n"
      "_step_end = time.perf_counter()\n"),
     ("        F.cross_entropy(model(data), target).backward()\n",
-     "        F.cross_entropy(model(data), target).backward()\n"
-     "        _injector.finish_step(time.perf_counter() - _step_end)\n"),
+     "        _loss = F.cross_entropy(model(data), target)\n"
+     "        _injector.finish_step(time.perf_counter() - _step_end)\n"
+     "        _loss.backward()\n"),
     ("        optimizer.step()\n", "        optimizer.step()\n"
      "        _step_end = time.perf_counter()\n"),
 ]
@@ -96,13 +100,13 @@ def write_scripts(directory: Path) -> dict:
         padded = _replace_once(padded, old, new)
     (directory / "allreduce.py").write_text(allreduce)
     (directory / "dropin.py").write_text(dropin)
-    (directory / "horovod.py").write_text(padded)
+    (directory / "horovod_row.py").write_text(padded)  # not horovod.py: it would shadow the package
     port = str(ROOT / "examples" / "epochs_ripples.py")
     return {"allreduce": [str(directory / "allreduce.py")],
             "ripples-dropin": [str(directory / "dropin.py")],
             "ripples": [port, "--sync", "ripples"], "adpsgd": [port, "--sync", "adpsgd"],
             "ddp": [str(ROOT / "benchmarks" / "epochs_ddp.py")],
-            "horovod": [str(directory / "horovod.py")]}
+            "horovod": [str(directory / "horovod_row.py")]}
 
 
 def run_once(args, command, scenario: str, repeat: int, checkpoint: Path) -> dict:

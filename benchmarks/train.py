@@ -7,8 +7,8 @@ MPI job of ``--np`` ranks trains the same model (an MLP on scikit-learn's digits
 seed and wall-clock budget in every mode: ``allreduce``, ``ripples`` with the static,
 random and generator schedules, ``adpsgd`` (asynchronous AD-PSGD) and ``adpsgd-sync`` (its
 pairs in lock-step); then PyTorch DDP (gloo) as an outside
-reference (its "wait" is the whole backward pass, which contains its all-reduce; Horovod is
-not installable next to torch >= 2.1). Compute is EMULATED: each step is padded to
+reference (its "wait" is the whole backward pass, which contains its all-reduce; Horovod's
+row is in ``epochs.py``, the script users write). Compute is EMULATED: each step is padded to
 ``--compute-ms`` (sleep) so that 8 ranks on 2 cores measure synchronization, not CPU
 contention. Ratios are against ``allreduce`` in the same job. ``--modes`` runs a subset
 (``allreduce`` always runs, as the reference).

@@ -85,30 +85,35 @@ def test_epochs_one_epoch_of_allreduce(tmp_path):
     assert row["time_vs_allreduce"] == 1.0 and len(row["runs"]) == 1
 
 
-def test_epochs_horovod_row_is_the_unchanged_script_padded_after_backward(tmp_path):
-    """The horovod row's script is examples/epochs_horovod.py plus emulated compute only:
-    the padding after backward() (Horovod's all-reduces run meanwhile) and the step's end."""
+def test_epochs_horovod_row_is_the_unchanged_script_padded_before_backward(tmp_path):
+    """The horovod row's script is examples/epochs_horovod.py plus emulated compute only,
+    padded between the forward pass and backward() (as the DDP row: no communication of
+    any row overlaps the padding), from the timed loop's start."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import epochs
     finally:
         sys.path.remove(str(BENCHMARKS))
     command = epochs.write_scripts(tmp_path)["horovod"]
+    assert Path(command[0]).stem != "horovod"  # the script's folder comes first on sys.path
     padded = Path(command[0]).read_text()
     original = (BENCHMARKS.parent / "examples" / "epochs_horovod.py").read_text()
-    added = [line for line in padded.splitlines() if line not in original.splitlines()]
     assert "\nimport horovod.torch as hvd\n" in padded and "\nimport ripples" not in padded
-    assert [line.strip() for line in added] == [
+    lines = [line.strip() for line in padded.splitlines()]
+    added = [line for line in lines if line not in [o.strip() for o in original.splitlines()]]
+    assert added == [
         "from ripples.core.config import Config as _Config",
         "from ripples.core.heterogeneity import SlowdownInjector as _Injector",
         "_injector = _Injector.from_config(_Config.load(), hvd.rank(), hvd.size())",
         "_step_end = time.perf_counter()",
+        "_loss = F.cross_entropy(model(data), target)",
         "_injector.finish_step(time.perf_counter() - _step_end)",
+        "_loss.backward()",
         "_step_end = time.perf_counter()"]
-    lines = [line.strip() for line in padded.splitlines()]
-    backward = lines.index("F.cross_entropy(model(data), target).backward()")
-    assert lines[backward + 1].startswith("_injector.finish_step")
-    compile(padded, "horovod.py", "exec")
+    began = lines.index("began = time.perf_counter()")
+    assert lines[began + 1] == "_step_end = time.perf_counter()"
+    assert "F.cross_entropy(model(data), target).backward()" not in lines
+    compile(padded, "horovod_row.py", "exec")
 
 
 def test_half_allreduce_under_mpiexec(tmp_path):
