@@ -17,7 +17,9 @@ reports each step's loss (``report_loss``) unless ``--no-loss-reports``.
 CASP rows; steps per second, final accuracy of the servers' model.
 ``--sweep``: speed ratio x share of slow workers x model width, every row; time to
 ``--target`` accuracy (worker 0's parameters, checked every 5 of its steps), bytes
-pushed per sample and the share of pushes computed on stale parameters. With
+pushed per sample and the share of pushes computed on stale parameters; the *held* time
+to target (the mean of the last 3 evaluations reaches it: a swing above the target that
+falls back does not count, ``ps/sweep_summary.py``). With
 ``--sweep-repeats N`` each setting runs its rows N times, interleaved (row by row, then
 again), and the file's ``rows`` are the medians (``ps/sweep_summary.py``); ``table``
 keeps every run."""
@@ -36,7 +38,7 @@ from ripples.startup import init
 
 from .options import RANKS
 from .record import save
-from .sweep_summary import summarize_runs
+from .sweep_summary import HELD_EVALUATIONS, held_time, summarize_runs
 
 WORKERS = 8
 BUDGET_ROWS = ("BSP", "ASP", "CASP(auto)", "CASP(projected)", "CASP(C=2)")
@@ -151,6 +153,7 @@ def summarize(records, row, scenario, target):
             "steps_per_s": sum(r["steps"] for r in records) / wall,
             "final_accuracy": zero["final_accuracy"],
             "last_second_accuracy": sum(late) / len(late), "time_to_target_s": hit,
+            "time_to_target_held_s": held_time(zero["curve"], target),
             "push_bytes_per_sample": sum(r["bytes_pushed"] for r in records) / samples,
             "steps_per_worker": [r["steps"] for r in sorted(records, key=lambda r: r["worker"])],
             "communities": zero.get("communities"), "plan_history": zero.get("plan_history"),
@@ -222,9 +225,14 @@ def main(args) -> None:
 
 def print_medians(rows, repeats) -> None:
     print(f"medians of {repeats} runs: steps/s, time to target (every run), vs the best "
-          "fixed policy", flush=True)
+          f"fixed policy; the same held (mean of {HELD_EVALUATIONS} evaluations)", flush=True)
     for r in rows:
-        times = " ".join("-" if t is None else f"{t:.2f}" for t in r["times_to_target_s"])
-        versus = "-" if r["vs_best_fixed"] is None else f"{r['vs_best_fixed']:.2f}x"
         print(f"x{r['ratio']:<5g}slow {r['slow_workers']} {r['row']:<16}"
-              f"{r['steps_per_s']:>8.1f}  [{times}]  {versus}", flush=True)
+              f"{r['steps_per_s']:>8.1f}  {_times(r, '')}  {_times(r, '_held')}", flush=True)
+
+
+def _times(row, kind) -> str:
+    times = " ".join("-" if t is None else f"{t:.2f}"
+                     for t in row[f"times_to_target{kind}_s"])
+    versus = row[f"vs_best_fixed{kind}"]
+    return f"[{times}] {'-' if versus is None else f'{versus:.2f}x'}"
