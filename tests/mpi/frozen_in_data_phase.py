@@ -8,7 +8,8 @@ stops its own process (SIGSTOP) first:
 - ``arming``: arming the native lane of the world (Dup and an all-reduce), after the
   world's second eligible all-reduce;
 - ``join``: the all-reduce that ends ``join()``, once every rank has joined.
-The job must end (MPI_Abort) with a message naming rank 1, not hang.
+The job must end (MPI_Abort) with a message naming rank 1, not hang; rank 1 never takes
+part in the frozen step, even when the launcher's teardown resumes it.
 """
 import os
 import signal
@@ -26,11 +27,14 @@ hvd.allreduce(torch.ones(1), name="warm-up")
 if hvd.rank() == 1:
     rt = runtime.current()
 
-    def freezing(step):
+    def freezing(_step):
+        """The step, replaced by one that freezes this process for good."""
         def freeze(*args, **kwargs):
             print(f"FREEZING at {time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
-            return step(*args, **kwargs)
+            # Only the launcher's teardown resumes it (SIGCONT before SIGTERM): frozen for
+            # good, it must not take part after all, or a waiting member could complete.
+            os._exit(3)
         return freeze
 
     if place == "data":

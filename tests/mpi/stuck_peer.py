@@ -3,8 +3,10 @@
 Usage: stuck_peer.py MODE SECONDS. Rank 2 P-Reduces with rank 3 (group (2, 3)); ranks 0 and 1
 wait in a barrier of the script's own. MODE ``barrier``: rank 3 waits in that barrier too,
 which rank 2 never reaches (a deadlock outside ripples): rank 2's wait must fail naming
-rank 3 and where it is. MODE ``computing``: rank 3 computes in a Python loop for SECONDS
-before it P-Reduces: rank 2 must wait for it, however long.
+rank 3 and where it is. MODE ``computing``: rank 3 computes for SECONDS (a small model's
+forward and backward passes, as a long evaluation or a slow step does) before it P-Reduces:
+rank 2 must wait for it, however long. (Not a one-line tight loop: the stack watch may see
+such a loop at the same instruction every time, ``ripples.comm.stack_watch``.)
 """
 import sys
 import time
@@ -30,9 +32,9 @@ if rank == 2:
         raise  # ends the job: the others are in a barrier rank 2 never reaches
     comm.Barrier()
 elif rank == 3 and mode == "computing":
-    total = 0.0
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     while time.monotonic() - start < seconds:
-        total += sum(i * 0.5 for i in range(1000))
+        model(torch.randn(32, 64)).sum().backward()
     hvd.partial_allreduce(torch.full((4,), 4.0), group=(2, 3), name="pair")
     comm.Barrier()
 else:
