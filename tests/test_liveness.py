@@ -91,6 +91,39 @@ def test_the_watch_sees_a_computing_thread_move_and_a_blocked_one_stay_still():
     assert samples[1][0] < 1.0, samples
 
 
+@pytest.mark.parametrize("loop", ["for", "generator"])
+def test_the_watch_sees_a_tight_loop_that_calls_no_python_function_move(loop):
+    # Such a loop hands over the interpreter lock at one instruction, its back edge or the
+    # generator's resumption, so every sample shows the same stack: before, a pure-Python
+    # loop longer than stall_shutdown_s was called stuck.
+    import threading
+    import time
+
+    from ripples.comm.stack_watch import MainThreadWatch
+
+    watch, done, longest = MainThreadWatch(), threading.Event(), []
+
+    def sample_for_two_seconds():
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            watch.sample()
+            longest.append(watch.still_s())
+            time.sleep(0.01)
+        done.set()
+
+    sampler = threading.Thread(target=sample_for_two_seconds)
+    sampler.start()
+    total = 0.0
+    while not done.is_set():
+        if loop == "for":
+            for i in range(100_000):
+                total += i
+        else:
+            total += sum(i * 0.5 for i in range(100_000))
+    sampler.join()
+    assert max(longest) < 0.5, (max(longest), len(longest))
+
+
 def test_a_rank_that_gave_up_is_hung_only_to_waits_that_began_before(monkeypatch):
     from mpi4py import MPI
 
@@ -229,8 +262,9 @@ def test_a_peer_computing_longer_than_the_stall_bound_is_waited_for():
 @pytest.mark.skipif(not LONG, reason="full-size run: RIPPLES_LONG_LIVENESS=1")
 def test_full_size_stuck_peer_named_within_30_s_and_a_60_s_computation_never_fails():
     _check_stuck_peer_named(_stuck_peer_run("barrier", 0, 5, 15, 120), within_s=30)
-    result = _stuck_peer_run("computing", 60, 5, 15, 200)
-    assert result.returncode == 0 and result.stdout.count("DONE") == 4, result.stdout
+    for mode in ("computing", "looping"):
+        result = _stuck_peer_run(mode, 60, 5, 15, 200)
+        assert result.returncode == 0 and result.stdout.count("DONE") == 4, result.stdout
 
 
 @pytest.mark.skipif(not LONG, reason="full-size run (about 4 minutes): RIPPLES_LONG_LIVENESS=1")

@@ -8,15 +8,21 @@ the very same stack for as long as it is blocked. ``MainThreadWatch.sample`` loo
 main thread's stack (``sys._current_frames``) and remembers when it last changed; the
 liveness responder samples it between questions and reports ``still_s`` and ``where``.
 
-A single long call (one ``time.sleep(600)``, one native kernel running for minutes) also
-shows a still stack, and so may a tight loop that calls no Python function (``while True:
-x += 1``): another thread sees the main thread only where it hands over the interpreter
-lock, which in such a loop can be the same instruction every time. A training step, an
-evaluation or a data loader calls through many Python frames and moves. Hence
-``Config.stall_shutdown_s`` is minutes by default, and 0 turns the check off.
+A tight loop that calls no Python function (``for i in r: x += i``, ``sum(x * 2 for x in
+r)``) may show the very same stack at every look too: another thread sees the main thread
+only where it hands over the interpreter lock, in such a loop always the loop's back edge
+or the generator's resumption. Those places are not calls: the main thread is seen there
+only while it executes bytecode (``running_bytecode``), so a sample there counts as moved.
+A thread blocked in a call is seen at the call instruction.
+
+A single long call (one ``time.sleep(600)``, one native kernel running for minutes) shows
+a still stack. A training step, an evaluation or a data loader calls through many Python
+frames and moves. Hence ``Config.stall_shutdown_s`` is minutes by default, and 0 turns the
+check off.
 """
 from __future__ import annotations
 
+import dis
 import linecache
 import os
 import sys
@@ -27,6 +33,12 @@ from types import FrameType
 from typing import Optional, Tuple
 
 MAX_DEPTH = 64
+# Where the interpreter offers the interpreter lock between bytecodes other than after a
+# call: a function's (or a resumed generator's) entry and a loop's back edge (before 3.11,
+# JUMP_ABSOLUTE).
+_HANDOVER_OPCODES = frozenset(dis.opmap[name] for name in ("RESUME", "JUMP_BACKWARD",
+                                                          "JUMP_ABSOLUTE")
+                              if name in dis.opmap)
 _LIBRARY_DIRS = tuple(sorted({os.path.realpath(p) for key in ("stdlib", "platstdlib",
                                                               "purelib", "platlib")
                               if (p := sysconfig.get_paths().get(key))}))
@@ -40,6 +52,15 @@ def stack_signature(frame: Optional[FrameType]) -> Tuple[Tuple[int, int], ...]:
         positions.append((id(frame.f_code), frame.f_lasti))
         frame = frame.f_back
     return tuple(positions)
+
+
+def running_bytecode(frame: Optional[FrameType]) -> bool:
+    """Whether the innermost ``frame`` stands at a loop's back edge or a function's entry,
+    where the main thread is seen only while it executes bytecode (never while blocked)."""
+    if frame is None:
+        return False
+    code, offset = frame.f_code.co_code, frame.f_lasti
+    return 0 <= offset < len(code) and code[offset] in _HANDOVER_OPCODES
 
 
 def describe(frame: Optional[FrameType]) -> str:
@@ -82,9 +103,11 @@ class MainThreadWatch:
         return sys._current_frames().get(self._ident)
 
     def sample(self) -> None:
-        """Look at the main thread's stack now; a different stack than last time moved."""
-        signature = stack_signature(self._frame())
-        if signature != self._signature:
+        """Look at the main thread's stack now: a different stack than last time, or one
+        executing bytecode (``running_bytecode``), moved."""
+        frame = self._frame()
+        signature = stack_signature(frame)
+        if signature != self._signature or running_bytecode(frame):
             self._signature = signature
             self._moved_at = self._clock()
 

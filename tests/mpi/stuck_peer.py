@@ -5,8 +5,9 @@ wait in a barrier of the script's own. MODE ``barrier``: rank 3 waits in that ba
 which rank 2 never reaches (a deadlock outside ripples): rank 2's wait must fail naming
 rank 3 and where it is. MODE ``computing``: rank 3 computes for SECONDS (a small model's
 forward and backward passes, as a long evaluation or a slow step does) before it P-Reduces:
-rank 2 must wait for it, however long. (Not a one-line tight loop: the stack watch may see
-such a loop at the same instruction every time, ``ripples.comm.stack_watch``.)
+rank 2 must wait for it, however long. MODE ``looping``: the same in a tight loop that calls
+no Python function (``sum`` over a generator), which hands over the interpreter lock at the
+same instruction every time (``ripples.comm.stack_watch``).
 """
 import sys
 import time
@@ -31,10 +32,14 @@ if rank == 2:
         print(f"rank 2 FAILED after {time.monotonic() - start:.1f} s: {error}", flush=True)
         raise  # ends the job: the others are in a barrier rank 2 never reaches
     comm.Barrier()
-elif rank == 3 and mode == "computing":
+elif rank == 3 and mode in ("computing", "looping"):
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    total = 0.0
     while time.monotonic() - start < seconds:
-        model(torch.randn(32, 64)).sum().backward()
+        if mode == "computing":
+            model(torch.randn(32, 64)).sum().backward()
+        else:
+            total += sum(i * 0.5 for i in range(1000))
     hvd.partial_allreduce(torch.full((4,), 4.0), group=(2, 3), name="pair")
     comm.Barrier()
 else:
