@@ -81,9 +81,13 @@ def test_a_rank_raising_leaves_as_a_dead_rank_and_the_survivors_finish():
 
 
 @pytest.mark.parametrize("dead_rank", [1, 2])  # a passive rank, an active rank
-def test_asynchronous_adpsgd_survivors_take_their_new_roles_and_finish(dead_rank):
+def test_asynchronous_adpsgd_survivors_keep_their_roles_and_finish(dead_rank):
     result, survivors = train_through_a_death(4, "decentralized", "adpsgd", dead_rank, 10)
     check_survivors(result, survivors, 4, dead_rank, "3")
+    # Every survivor keeps its role (even old ranks active): a passive rank already in
+    # join() that turned active would be averaged no more, its model left behind.
+    assert all(s["active"] == str(int(s["old_rank"]) % 2 == 0) for s in survivors), \
+        result.stdout
     assert "Traceback" not in result.stdout, result.stdout
 
 

@@ -10,7 +10,7 @@ active and a passive rank (a bipartite graph) and carries the global sequence nu
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -23,23 +23,41 @@ def is_active(rank: int) -> bool:
     return rank % 2 == 0
 
 
-def adpsgd_roles(size: int) -> Tuple[List[int], List[int]]:
-    """``(actives, passives)`` of a world of ``size`` ranks: even ranks, odd ranks."""
+def adpsgd_roles(size: int, was_active: Optional[Sequence[bool]] = None
+                 ) -> Tuple[List[int], List[int]]:
+    """``(actives, passives)`` of a world of ``size`` ranks: even ranks, odd ranks.
+
+    ``was_active`` (by rank of this world: whether each rank was active in the world it
+    came from, after ranks died) keeps every rank's role, where that leaves at least one
+    active and one passive rank. A rank that changed roles while it waits in ``join()``
+    would change what happens to its model: a passive one is averaged until the active
+    ranks end, an active one is not averaged any more."""
     check_int("size", size, low=1)
+    if was_active is not None:
+        if len(was_active) != size:
+            raise ValueError(f"was_active has {len(was_active)} entries for a world of "
+                             f"{size} ranks; give one per rank")
+        actives = [r for r in range(size) if was_active[r]]
+        passives = [r for r in range(size) if not was_active[r]]
+        if actives and passives:
+            return actives, passives
     return list(range(0, size, 2)), list(range(1, size, 2))
 
 
-def adpsgd_partner(seed: int, rank: int, exchange: int, size: int) -> Optional[int]:
+def adpsgd_partner(seed: int, rank: int, exchange: int, size: int,
+                   passives: Optional[Sequence[int]] = None) -> Optional[int]:
     """The passive rank that active ``rank`` averages with in its ``exchange``-th exchange.
 
-    Drawn uniformly from the passive ranks by a generator seeded with ``(seed, rank,
-    exchange)``, so a run resumed with the same counters draws the same partners. None for
-    a passive rank, and for rank 0 of a world of one (no passive rank: it trains alone)."""
+    Drawn uniformly from the passive ranks (``passives``; by default the odd ranks,
+    ``adpsgd_roles(size)``) by a generator seeded with ``(seed, rank, exchange)``, so a run
+    resumed with the same counters draws the same partners. None for a passive rank, and
+    for rank 0 of a world of one (no passive rank: it trains alone)."""
     check_int("seed", seed, low=0)
     check_world(rank, size)
     check_int("exchange", exchange, low=0)
-    _, passives = adpsgd_roles(size)
-    if not is_active(rank) or not passives:
+    if passives is None:
+        _, passives = adpsgd_roles(size)
+    if rank in passives or not passives:
         return None
     pick = np.random.default_rng([seed, rank, exchange]).integers(0, len(passives))
     return passives[int(pick)]

@@ -35,9 +35,12 @@ death at once: an active rank whose exchange fails, a passive rank whose respond
 this optimizer's communicator with the others, so every rank's next exchange, or its
 responder, fails too, and each survivor recovers at its next ``step()`` (a passive one
 learns from its responder there); all of them meet in the shrink. On the smaller world
-each survivor takes the role of its new rank, with a new communicator and responder, and
-trains on with its model: an active rank whose exchange was cut short puts back the
-tensors it had before it. Lost: the dead rank's progress since its last exchange.
+each survivor keeps its role (active or passive; by the parity of its new rank where only
+one role would remain), with a new communicator and responder, and trains on with its
+model: an active rank whose exchange was cut short puts back the tensors it had before
+it. Lost: the dead rank's progress since its last exchange. Roles are kept because a
+passive rank already in ``join()`` that became active would be averaged no more (an
+active rank in ``join()`` only tells the passives it has ended), its model left as it was.
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ from mpi4py import MPI
 
 from ripples.comm.doorbell import Doorbell
 from ripples.core.errors import RanksFailedError
-from ripples.schedule.adpsgd import adpsgd_partner, adpsgd_roles, is_active
+from ripples.schedule.adpsgd import adpsgd_partner, adpsgd_roles
 from ripples.torch.adpsgd_exchange import Responder, exchange, finish
 from ripples.torch.decentralized_optimizer import Snapshot, current_layout, floating_buffers
 from ripples.torch.flat_parameters import FlatParameters
@@ -117,14 +120,16 @@ class AdpsgdOptimizer(WrappedOptimizer):
         rt.at_shutdown(self.close)
         record(self, named, self.close)
 
-    def _join_world(self, start: bool) -> None:
+    def _join_world(self, start: bool, keep_roles: bool = False) -> None:
         """This rank's role, communicator and (passive) responder in the current world
-        (collective: it duplicates the world communicator)."""
+        (collective: it duplicates the world communicator). ``keep_roles``: on the
+        survivors' world, every rank keeps the role it had (``adpsgd_roles``)."""
         rt = self._runtime
-        self.active = is_active(rt.rank)
+        was_active = rt.world.allgather(self.active) if keep_roles else None
+        actives, self._passives = adpsgd_roles(rt.size, was_active)
+        self.active = rt.rank in actives
         self._generation = rt.generation
         self._comm = rt.world.Dup()
-        actives, self._passives = adpsgd_roles(rt.size)
         self._doorbell = Doorbell.setup_many(self._comm, self._passives)
         self._actives = actives
         self._responder = None
@@ -151,7 +156,7 @@ class AdpsgdOptimizer(WrappedOptimizer):
         """The survivors are on a smaller world: take this rank's role there (collective
         over them, called by ``Runtime.recover`` on every survivor in the same order)."""
         old, old_doorbell = self._comm, self._doorbell
-        self._join_world(start=True)
+        self._join_world(start=True, keep_roles=True)
         if old_doorbell is not None:
             old_doorbell.close()
         try:
@@ -198,7 +203,8 @@ class AdpsgdOptimizer(WrappedOptimizer):
 
     def _exchange(self) -> None:
         rt = self._runtime
-        partner = adpsgd_partner(rt.config.seed, rt.rank, self.exchanges, rt.size)
+        partner = adpsgd_partner(rt.config.seed, rt.rank, self.exchanges, rt.size,
+                                 self._passives)
         if partner is None:  # a world of one: nobody to average with
             return
         tensors = self._tensors()

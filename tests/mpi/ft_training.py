@@ -14,7 +14,7 @@ FT_TRAINING_FREEZE=1, stops itself with SIGSTOP there: frozen, as if cut off; th
 goes on training).
 
 Each survivor prints ``SURVIVOR rank=R old_rank=O size=S resets=N steps=K loss0=.. loss=..
-checksum=..`` after ``join()``.
+checksum=..`` after ``join()`` (and ``active=..``, its AD-PSGD role, under ``adpsgd``).
 """
 import faulthandler
 import os
@@ -209,7 +209,8 @@ else:
     print(f"TWIN rank={hvd.rank()} max_difference={gap!r}", flush=True)
 
 checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
+role = f" active={optimizer.active}" if mode == "decentralized" and schedule == "adpsgd" else ""
 print(f"SURVIVOR rank={hvd.rank()} old_rank={old_rank} size={hvd.size()} "
       f"resets={','.join(map(str, resets))} steps={done} loss0={loss0:.6f} loss={final_loss:.6f} "
-      f"checksum={checksum!r}", flush=True)
+      f"checksum={checksum!r}{role}", flush=True)
 hvd.shutdown()
