@@ -153,7 +153,7 @@ class AdpsgdOptimizer(WrappedOptimizer):
             self._responder.stop()
 
     def _new_world(self) -> None:
-        """The survivors are on a smaller world: take this rank's role there (collective
+        """The survivors are on a smaller world: keep this rank's role there (collective
         over them, called by ``Runtime.recover`` on every survivor in the same order)."""
         old, old_doorbell = self._comm, self._doorbell
         self._join_world(start=True, keep_roles=True)

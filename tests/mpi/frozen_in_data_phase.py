@@ -27,28 +27,26 @@ hvd.allreduce(torch.ones(1), name="warm-up")
 if hvd.rank() == 1:
     rt = runtime.current()
 
-    def freezing(_step):
-        """The step, replaced by one that freezes this process for good."""
-        def freeze(*args, **kwargs):
-            print(f"FREEZING at {time.time():.3f}", flush=True)
-            os.kill(os.getpid(), signal.SIGSTOP)
-            # Only the launcher's teardown resumes it (SIGCONT before SIGTERM): frozen for
-            # good, it must not take part after all, or a waiting member could complete.
-            os._exit(3)
-        return freeze
+    def freeze(*args, **kwargs):
+        """Replaces the step at PLACE: stops this process for good."""
+        print(f"FREEZING at {time.time():.3f}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # Only the launcher's teardown resumes it (SIGCONT before SIGTERM): frozen for
+        # good, it must not take part after all, or a waiting member could complete.
+        os._exit(3)
 
     if place == "data":
-        rt.engine._reduce_fused = freezing(rt.engine._reduce_fused)
+        rt.engine._reduce_fused = freeze
     elif place == "communicator":
-        rt.cache.create = freezing(rt.cache.create)
+        rt.cache.create = freeze
     elif place == "arming":
-        rt.engine.lanes._arm = freezing(rt.engine.lanes._arm)
+        rt.engine.lanes._arm = freeze
     elif place == "join":
         class FreezingAllreduce:
             """The control communicator, its ``allreduce`` (the end of join) frozen."""
 
             def __init__(self, comm):
-                self.allreduce, self.Allreduce = freezing(comm.allreduce), freezing(comm.Allreduce)
+                self.allreduce = self.Allreduce = freeze
                 self._comm = comm
 
             def __getattr__(self, name):
