@@ -80,6 +80,16 @@ def test_a_rank_raising_leaves_as_a_dead_rank_and_the_survivors_finish():
         result.stdout, result.stdout
 
 
+@pytest.mark.parametrize("schedule", ["generator", "adpsgd"])
+def test_a_rank_dying_during_average_model_leaves_one_model_on_the_survivors(schedule):
+    # The first collective of the whole world after a death is often the epoch's
+    # average_model: the survivors average among themselves instead of raising.
+    result, survivors = train_through_a_death(4, "decentralized", schedule, 2, STEPS)
+    check_survivors(result, survivors, 4, 2, "3")
+    assert len({s["checksum"] for s in survivors}) == 1, result.stdout
+    assert "Traceback" not in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("dead_rank", [1, 2])  # a passive rank, an active rank
 def test_asynchronous_adpsgd_survivors_keep_their_roles_and_finish(dead_rank):
     result, survivors = train_through_a_death(4, "decentralized", "adpsgd", dead_rank, 10)

@@ -55,7 +55,8 @@ from ripples.comm.doorbell import Doorbell
 from ripples.core.errors import RanksFailedError
 from ripples.schedule.adpsgd import adpsgd_partner, adpsgd_roles
 from ripples.torch.adpsgd_exchange import Responder, exchange, finish
-from ripples.torch.decentralized_optimizer import Snapshot, current_layout, floating_buffers
+from ripples.torch.decentralized_optimizer import current_layout, floating_buffers
+from ripples.torch.snapshot import Snapshot
 from ripples.torch.flat_parameters import FlatParameters
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import record

@@ -22,6 +22,7 @@ from ripples.torch.flat_parameters import FlatParameters
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import record
 from ripples.torch.replicas import ReplicaCheck
+from ripples.torch.snapshot import Snapshot
 
 log = logging.getLogger("ripples")
 
@@ -91,28 +92,6 @@ def current_layout(flat: FlatParameters, named, model, recorded, rank: int):
     log.info("rank %d: %s no longer views its flat buffer; laying the averaged tensors "
              "out again", rank, moved)
     return FlatParameters(list(named) + buffers, previous=flat), buffers
-
-
-class Snapshot:
-    """A copy of some tensors, to put back after an averaging a dead peer cut short."""
-
-    def __init__(self):
-        self._saved: Optional[List[torch.Tensor]] = None
-
-    def save(self, tensors: List[torch.Tensor]) -> None:
-        if self._saved is None or [s.shape for s in self._saved] != [t.shape for t in tensors]:
-            self._saved = [t.detach().clone() for t in tensors]
-        else:
-            for saved, tensor in zip(self._saved, tensors):
-                saved.copy_(tensor)
-
-    def restore(self, tensors: List[torch.Tensor]) -> None:
-        """Copy the saved values back into ``tensors`` (nothing if none were saved)."""
-        if self._saved is None:
-            return
-        with torch.no_grad():
-            for saved, tensor in zip(self._saved, tensors):
-                tensor.copy_(saved)
 
 
 class DecentralizedOptimizer(WrappedOptimizer):

@@ -7,10 +7,12 @@ import torch
 
 from ripples import runtime as _runtime
 from ripples.ops.collectives import broadcast_, broadcast_object, grouped_allreduce_
+from ripples.core.errors import RanksFailedError
 from ripples.core.reduce_ops import ReduceOp
 from ripples.ops.reduction import split_by_dtype
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import serving
+from ripples.torch.snapshot import Snapshot
 
 
 def _tensors_of(params: Union[Mapping, Iterable]) -> list:
@@ -71,12 +73,29 @@ def average_model(model: torch.nn.Module) -> torch.nn.Module:
     Collective. In decentralized modes (``sync="ripples"``, ``"adpsgd"``) each rank holds
     its own replica between averagings: call this on every rank before evaluating or
     saving the model the job trained (it also tells the optimizer that the replicas are
-    equal, which silences its warning on ``model.state_dict()``)."""
+    equal, which silences its warning on ``model.state_dict()``).
+
+    Under ``fault_tolerant`` a rank that dies (or is cut off) during the averaging does not
+    end it: the survivors put back their own tensors and average them among themselves, so
+    the call returns one model on every survivor instead of raising
+    ``HorovodInternalError``. Each retry runs on a smaller world, so it ends."""
     tensors = [p.data for p in model.parameters()]
     tensors += [b for b in model.buffers() if b.dtype.is_floating_point]
-    with torch.no_grad():
-        for group in split_by_dtype([(t, t) for t in tensors]):
-            grouped_allreduce_([t for t, _ in group], op=ReduceOp.AVERAGE)
+    snapshot = Snapshot() if _runtime.current().config.fault_tolerant else None
+    while True:
+        if snapshot is not None:
+            snapshot.save(tensors)
+        try:
+            with torch.no_grad():
+                for group in split_by_dtype([(t, t) for t in tensors]):
+                    grouped_allreduce_([t for t, _ in group], op=ReduceOp.AVERAGE)
+            break
+        except RanksFailedError:
+            if snapshot is None:
+                raise
+            # The survivors are on a smaller world now (a rank on the losing side of a
+            # partition never returns here): average this rank's own model among them.
+            snapshot.restore(tensors)
     for param in model.parameters():
         replicas = getattr(serving(param), "replicas", None)
         if replicas is not None:

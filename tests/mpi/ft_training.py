@@ -9,7 +9,8 @@ all-reduce; the survivors roll back to the last commit. MODE ``sampler``: one ep
 ``hvd.elastic.run``; the survivors share the samples not processed at the last commit. MODE
 ``ps``: parameter-server training (``RIPPLES_PS_SERVERS`` set by the caller) with policy
 SCHEDULE; the servers drop the dead worker and go on with the rest. Rank DEAD_RANK calls ``os._exit(1)`` at step DIE_AT_STEP
-(or, with FT_TRAINING_RAISE=1, raises an uncaught RuntimeError there; with
+(STEPS in MODE ``decentralized``: after ``join()``, as the others start ``average_model``;
+or, with FT_TRAINING_RAISE=1, raises an uncaught RuntimeError there; with
 FT_TRAINING_FREEZE=1, stops itself with SIGSTOP there: frozen, as if cut off; thawed, it
 goes on training).
 
@@ -110,6 +111,7 @@ if mode == "decentralized":
                                          **mode_args)
     done = train_steps(optimizer)
     hvd.join()
+    maybe_die(steps)  # DIE_AT_STEP = STEPS: while the others average the models
     averaged = hvd.average_model(model)
     final_loss = loss_of(averaged)
 elif mode == "ps":
