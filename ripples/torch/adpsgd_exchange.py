@@ -79,18 +79,21 @@ def _cancel(requests: Sequence[MPI.Request]) -> None:
 
 
 def exchange(comm: MPI.Comm, rank: int, partner: int, tensors: List[torch.Tensor], index: int,
-             timeout_s: float, stall_s: float, doorbell: Optional[Doorbell] = None) -> None:
+             timeout_s: float, stall_s: float, doorbell: Optional[Doorbell] = None,
+             liveness=None) -> None:
     """Average ``tensors`` (this active rank's, written in place) with passive ``partner``'s
     (ringing its ``doorbell``, when there is one, once the header is on its way).
 
     Returns once both ranks hold the mean. Raises ``MismatchError`` when the partner lays
-    out different tensors, ``RipplesTimeoutError`` naming the partner when it does not answer
-    within ``timeout_s``."""
+    out different tensors, ``RipplesTimeoutError`` naming the partner (``missing``) when it
+    does not answer within ``timeout_s``; with ``liveness`` (``comm`` a copy of the world)
+    only once it is not alive and busy either, ``PeersSilentError`` when it is silent."""
     hosts = [_host(t) for t in tensors]
     header = np.array([EXCHANGE, layout_of(tensors), len(tensors), index], dtype=np.int64)
     status = np.zeros(1, dtype=np.int64)
     deadline = Deadline(timeout_s, stall_s, lambda: (
-        f"rank {rank}: AD-PSGD exchange {index} with passive rank {partner}"))
+        f"rank {rank}: AD-PSGD exchange {index} with passive rank {partner}"),
+        lambda: [partner], liveness)
     sends = [comm.Isend(header, partner, TAG_HEADER)]
     sends += [comm.Isend(as_buffer(h), partner, TAG_DATA) for h in hosts]
     if doorbell is not None:
@@ -250,7 +253,8 @@ class Responder:
 
     def _serve(self, source: int, layout: int, count: int, index: int) -> None:
         deadline = Deadline(self._timeout_s, self._stall_s, lambda: (
-            f"rank {self.rank}: AD-PSGD exchange {index} with active rank {source}"))
+            f"rank {self.rank}: AD-PSGD exchange {index} with active rank {source}"),
+            lambda: [source])
         # The lock is held only to read the layout and to average, never across a
         # transfer: the passive's own step waits for an averaging, not for the network
         # (with 2 MB over 100 Mbit/s a transfer each way takes 0.17 s).

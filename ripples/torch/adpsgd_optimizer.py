@@ -52,7 +52,7 @@ import torch
 from mpi4py import MPI
 
 from ripples.comm.doorbell import Doorbell
-from ripples.core.errors import RanksFailedError
+from ripples.core.errors import PeersSilentError, RanksFailedError, RipplesTimeoutError
 from ripples.schedule.adpsgd import adpsgd_partner, adpsgd_roles
 from ripples.torch.adpsgd_exchange import Responder, exchange, finish
 from ripples.torch.decentralized_optimizer import current_layout, floating_buffers
@@ -166,10 +166,21 @@ class AdpsgdOptimizer(WrappedOptimizer):
             pass
 
     def _recover_from(self, error: BaseException, what: str) -> None:
-        """Raise ``error`` unless it is a dead peer's; then recover (collective over the
+        """Raise ``error`` unless it is a dead or silent peer's; then recover (collective over the
         survivors) and log what was lost."""
-        rank = self._runtime.rank  # the ranks in ``what`` are of the world that lost it
-        failure = self._runtime.raised(error, self._generation)
+        rt = self._runtime
+        rank = rt.rank  # the ranks in ``what`` are of the world that lost it
+        if (type(error) is RipplesTimeoutError and error.missing  # noqa: E721 - not silent yet
+                and rt.config.fault_tolerant):
+            # A peer that stopped answering mid-exchange (the responder's thread cannot ask):
+            # silent (cut off, frozen) is survived like dead; alive, the error stands.
+            try:
+                rt.liveness.keep_waiting(error.missing, error)
+            except PeersSilentError as silent:
+                error = silent
+            except RipplesTimeoutError:
+                pass
+        failure = rt.raised(error, self._generation)
         if failure is error:
             raise error
         if not isinstance(failure, RanksFailedError):
@@ -214,7 +225,8 @@ class AdpsgdOptimizer(WrappedOptimizer):
         try:
             with self.metrics.waiting():
                 exchange(self._comm, rt.rank, partner, tensors, self.exchanges,
-                         rt.config.timeout_s, rt.config.stall_warning_s, self._doorbell)
+                         rt.config.timeout_s, rt.config.stall_warning_s, self._doorbell,
+                         rt.liveness)
         except Exception as error:  # noqa: BLE001 - only a dead peer's is absorbed
             self._recover_from(error, f"exchange {self.exchanges} with rank {partner}")
             self._snapshot.restore(tensors)
