@@ -89,6 +89,8 @@ COLUMNS = {
                 "push_bytes_per_sample", "final_accuracy"],
     "ps_epsp": ["scenario", "row", "time_to_target_s", "throughput_samples_per_s",
                 "push_bytes_per_sample", "final_accuracy"],
+    "host_faults_4x2": ["case", "mode", "exit_status", "last_epoch", "stall_s",
+                        "lost_host_ranks_gone_after_s", "job_ended_after_s", "final_accuracy"],
     "ps_psld": ["row", "iter_ms_median", "load_max_over_mean", "migrations", "rollbacks"],
     # a repeated sweep's medians (its "rows"), else one run per row (its "table")
     "ps_sweep": ["ratio", "slow_workers", "row", "runs", "final_count", "steps_per_s",

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.xdist_group("bench_entry_points")
 
 BENCHMARKS = REPO_DIR / "benchmarks"
 # Those with no smoke run below (a real run takes tens of seconds or more ranks than fit).
-SCRIPTS = ("train", "step", "generator_service_cpu", "fault_tolerance", "kernels", "sim_hosts")
+SCRIPTS = ("train", "step", "generator_service_cpu", "fault_tolerance", "kernels", "sim_hosts",
+           "host_faults")
 
 
 @pytest.fixture(scope="module")

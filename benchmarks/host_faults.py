@@ -1,0 +1,179 @@
+"""Losing one host of 4 while the porting guide's script trains, on an emulated cluster.
+
+    python benchmarks/host_faults.py --repeats 3 --json benchmarks/results/host_faults_4x2.json
+
+The script makes the cluster itself (``netcluster up 4 --slots 2 --bw 1gbit``: 4 network
+namespaces, 2 ranks each, real TCP links) and takes it down at the end. Every run starts
+``examples/epochs_ripples.py`` (a DistributedSampler epoch loop, ``average_model``, a
+per-epoch accuracy all-reduce, rank 0 saving a checkpoint every epoch) from host h1:
+
+    ripplesrun -np 8 -H h1:2,h2:2,h3:2,h4:2 --timeout 5 --compute-ms 20 [--fault-tolerant]
+        python examples/epochs_ripples.py --epochs 40 --sync MODE --checkpoint /dev/shm/ckpt.pt
+
+and, once rank 0 has printed epoch 4, loses host h3 (ranks 4 and 5):
+
+* ``cut`` (with ``--fault-tolerant``): h3's cable is pulled. The 6 ranks of h1, h2 and h4
+  must go on as a 6-rank world and finish the 40 epochs, stalling at most timeout + 5 s;
+  h3's ranks must be gone within the same bound; every host has its own ``/dev/shm``, so
+  a checkpoint found on any host but h1 was written by the cut side (split brain).
+* ``kill`` (without it): every process of h3 is killed. The job must end non-zero within
+  15 s and name h3.
+
+Compute is emulated (``--compute-ms 20``) on 2 shared cores; the times are wall times
+measured by this driver around the job, and the stall is the longest epoch less the
+median one.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness.launch import job_env, netcluster  # noqa: E402
+from harness.report import write_json  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+HOSTS = ["h1", "h2", "h3", "h4"]
+LOST = "h3"
+TIMEOUT_S = 5.0
+CHECKPOINT = "/dev/shm/ckpt.pt"
+EPOCH = re.compile(r"^epoch (\d+) steps \d+ val_accuracy (\S+) time (\S+)s$", re.M)
+SURVIVORS = re.compile(r"the (\d+) survivors go on")
+
+
+def nc(*args, check=True) -> str:
+    return subprocess.run([netcluster(), *args], capture_output=True, text=True,
+                          check=check, timeout=60).stdout
+
+
+def ranks_on(host: str) -> list:
+    """The pids of the training script's processes inside ``host``'s network namespace
+    (the cluster's hosts share one pid namespace)."""
+    netns = nc("exec", host, "readlink", "/proc/self/ns/net").strip()
+    found = subprocess.run(["pgrep", "-f", "examples/epochs_ripples.py"], capture_output=True,
+                           text=True).stdout.split()
+    mine = []
+    for pid in found:
+        try:
+            if Path(f"/proc/{pid}/ns/net").readlink().as_posix() == netns:
+                mine.append(int(pid))
+        except OSError:
+            pass  # ended meanwhile
+    return mine
+
+
+def checkpoints() -> list:
+    """The hosts whose private ``/dev/shm`` holds the checkpoint."""
+    return [host for host in HOSTS
+            if subprocess.run([netcluster(), "exec", host, "test", "-e", CHECKPOINT],
+                              capture_output=True, timeout=60).returncode == 0]
+
+
+def one_run(case: str, mode: str, log: Path) -> dict:
+    for host in HOSTS:
+        nc("exec", host, "rm", "-f", CHECKPOINT)
+    command = [netcluster(), "exec", "h1", str(Path(sys.executable).parent / "ripplesrun"),
+               "-np", "8", "-H", ",".join(f"{h}:2" for h in HOSTS), "--timeout", str(TIMEOUT_S),
+               "--compute-ms", "20", *(["--fault-tolerant"] if case == "cut" else []),
+               sys.executable, "examples/epochs_ripples.py", "--epochs", "40", "--sync", mode,
+               "--checkpoint", CHECKPOINT]
+    with open(log, "w") as out:
+        job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                               env=job_env(), start_new_session=True)
+    try:
+        while not re.search(r"^epoch 4 ", log.read_text(errors="replace"), re.M):
+            if job.poll() is not None or time.time() - log.stat().st_mtime > 180:
+                raise RuntimeError(f"the job ended or stalled before epoch 4:\n"
+                                   f"{log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.05)
+        lost_ranks = ranks_on(LOST)
+        nc("cut", LOST) if case == "cut" else nc("kill", LOST)
+        lost_at = time.time()
+        while ranks_on(LOST) and time.time() - lost_at < 120:
+            time.sleep(0.1)
+        gone_after = time.time() - lost_at
+        try:
+            code = job.wait(timeout=120)
+            ended_after = time.time() - lost_at
+        except subprocess.TimeoutExpired:  # a hang: recorded, and every bar fails
+            code, ended_after = None, None
+    finally:
+        if job.poll() is None:
+            subprocess.run(["kill", "-9", f"-{job.pid}"], capture_output=True)
+        nc("heal", LOST, check=False)
+        for host in HOSTS:
+            nc("kill", host, check=False)
+    output = log.read_text(errors="replace")
+    epochs = [(int(e), float(a), float(t)) for e, a, t in EPOCH.findall(output)]
+    durations = [b[2] - a[2] for a, b in zip(epochs, epochs[1:])]
+    survivors = SURVIVORS.findall(output)
+    result = {"case": case, "mode": mode, "exit_status": code, "lost_ranks": len(lost_ranks),
+              "epochs_printed": len(epochs), "last_epoch": epochs[-1][0] if epochs else None,
+              "final_accuracy": epochs[-1][1] if epochs else None,
+              "stall_s": (max(durations) - statistics.median(durations)) if durations else None,
+              "lost_host_ranks_gone_after_s": gone_after, "job_ended_after_s": ended_after,
+              "survivor_world_sizes": sorted({int(n) for n in survivors}),
+              "names_lost_host": f"host(s) {LOST} were lost" in output
+              or f"(on {LOST})" in output,
+              "checkpoint_on": checkpoints(),
+              "tracebacks": output.count("Traceback")}
+    bound = TIMEOUT_S + 5
+    if case == "cut":
+        result["bars"] = {
+            "the 6 others finish the 40 epochs as a 6-rank world, exit status 0":
+                result["last_epoch"] == 39 and result["survivor_world_sizes"] == [6]
+                and code == 0,
+            f"stall <= timeout + 5 s ({bound:g} s)": (result["stall_s"] or 0) <= bound,
+            f"the cut host's ranks are gone within {bound:g} s": gone_after <= bound,
+            "no checkpoint written on the cut side": result["checkpoint_on"] == ["h1"]}
+    else:
+        result["bars"] = {"the job ends non-zero within 15 s":
+                          code not in (0, None) and ended_after <= 15,
+                          "the lost host is named": result["names_lost_host"]}
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--cases", default="cut:ripples,cut:adpsgd,kill:ripples",
+                        help="CASE:MODE pairs (cases: cut, kill; modes: ripples, adpsgd, "
+                             "allreduce)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--logs", default="/tmp/host_faults", help="each run's output")
+    args = parser.parse_args()
+    Path(args.logs).mkdir(parents=True, exist_ok=True)
+    nc("up", "4", "--slots", "2", "--bw", "1gbit")
+    runs = []
+    try:
+        for repeat in range(args.repeats):
+            for pair in args.cases.split(","):
+                case, mode = pair.split(":")
+                log = Path(args.logs) / f"{case}_{mode}_{repeat}.log"
+                run = one_run(case, mode, log)
+                run["log"] = str(log)
+                runs.append(run)
+                failed = [name for name, ok in run["bars"].items() if not ok]
+                print(f"{case:4s} {mode:8s} exit {run['exit_status']} last epoch "
+                      f"{run['last_epoch']} stall {run['stall_s'] or 0:.1f} s, {LOST} gone "
+                      f"after {run['lost_host_ranks_gone_after_s']:.1f} s, job ended after "
+                      f"{run['job_ended_after_s'] or float('inf'):.1f} s, checkpoint on "
+                      f"{run['checkpoint_on']}: {'all bars met' if not failed else failed}",
+                      flush=True)
+    finally:
+        nc("down", check=False)
+    if args.json:
+        write_json(args.json, {"setup": "4 emulated hosts x 2 ranks (netcluster, 1 Gbit/s), "
+                               "examples/epochs_ripples.py, compute emulated 20 ms a step, "
+                               f"timeout {TIMEOUT_S:g} s; {LOST} lost once epoch 4 is printed",
+                               "rows": runs})
+    return 0 if all(all(r["bars"].values()) for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
