@@ -250,7 +250,7 @@ class Runtime:
         survivors = membership.new_world(self.liveness.comm, decision)  # a shrink would wait
         how = (f"did not answer (frozen, hung or cut off: rank(s) {decision.silent}"
                f"{self.liveness.on_hosts(decision.silent)})")
-        self._left_behind(decision.silent)
+        self._left_behind(decision)
         return survivors, sorted(decision.silent + decision.dead), how
 
     def revoke_world(self) -> None:
@@ -265,13 +265,20 @@ class Runtime:
             comms += self.engine.lanes.comms()
         failures.revoke(comms)
 
-    def _left_behind(self, silent: List[int]) -> None:
-        """The survivors went on without ``silent`` ranks that may still be running:
-        ``MPI_Finalize`` would wait for them, so this process ends without it."""
+    def _left_behind(self, decision: membership.Decision) -> None:
+        """The survivors went on without ``decision.silent`` ranks that may still be
+        running: ``MPI_Finalize`` would wait for them, so this process ends without it. The
+        first member tells the launcher which ranks of the launch those are."""
+        silent = decision.silent
         if not self.left_behind:
             atexit.register(_exit_without_finalizing, self)
         self.left_behind.append(f"rank(s) {silent} of the {self.size}-rank world"
                                 f"{self.liveness.on_hosts(silent)}")
+        if decision.members and decision.members[0] == self.rank:
+            launch = MPI.Group.Translate_ranks(self.world.Get_group(), silent,
+                                               MPI.COMM_WORLD.Get_group())
+            fail_fast.say(f"{failures.LEFT_BEHIND} {sorted(launch)}"
+                          f"{self.liveness.on_hosts(silent)}")
 
     def close(self) -> None:
         """Stop the engine, run the ``at_shutdown`` closers, write the timeline, release

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,7 @@ def test_a_rank_raising_leaves_as_a_dead_rank_and_the_survivors_finish():
         result.stdout, result.stdout
 
 
-@pytest.mark.parametrize("schedule", ["generator", "adpsgd"])
+@pytest.mark.parametrize("schedule", ["generator", pytest.param("adpsgd", marks=long_run)])
 def test_a_rank_dying_during_average_model_leaves_one_model_on_the_survivors(schedule):
     # The first collective of the whole world after a death is often the epoch's
     # average_model: the survivors average among themselves instead of raising.
@@ -219,6 +220,44 @@ def test_a_frozen_rank_is_left_behind_and_stops_when_it_thaws(mode, schedule, fr
     assert f"the survivors finished without rank(s) [{frozen_rank}]" in out, out
     assert job.returncode == 0, out
     assert _state(frozen[0]) in ("", "Z"), out  # ended, not left running
+
+
+def test_a_job_ends_when_every_rank_the_survivors_reach_raises_with_one_left_behind():
+    """Rank 2 of 3 freezes; ranks 0 and 1 leave it behind, and then each raises the
+    ``HorovodInternalError`` that its script does not catch, leaving the job as a dead rank.
+    Nobody can finish: the job ends with status 1, naming who left and who was left
+    behind (across hosts mpiexec would wait for the silent rank for good: ripplesrun
+    stops it 10 s later)."""
+    ripplesrun = str(Path(sys.executable).parent / "ripplesrun")
+    script = str(TESTS_DIR / "mpi" / "across_hosts.py")  # raises, without a checkpoint path
+    job = subprocess.Popen([ripplesrun, "-np", "3", "--fault-tolerant", "--timeout", "3",
+                            sys.executable, script, "60"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, frozen_at, frozen = [], None, None
+    try:
+        for line in job.stdout:
+            lines.append(line)
+            if frozen is None and sum(x.startswith("READY") for x in lines) == 3:
+                frozen = int(re.search(r"^READY 2 sum=3 pid=(\d+)$", "".join(lines),
+                                       re.M).group(1))
+                os.kill(frozen, signal.SIGSTOP)
+                frozen_at = time.time()
+        job.wait(timeout=90)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        if frozen is not None and _state(frozen) == "T":
+            os.kill(frozen, signal.SIGKILL)
+    out = "".join(lines)
+    took = time.time() - frozen_at
+    assert job.returncode == 1, out
+    assert "left behind, silent: launch rank(s) [2]" in out, out
+    # on one host mpiexec ends by itself (rank 2 lives on, frozen); across hosts it waits
+    # for the silent rank, and ripplesrun stops it
+    assert ("every rank the survivors could reach left the job with an uncaught error "
+            "(launch rank(s) [0, 1]); rank(s) [2] were left behind") in out, out
+    assert took < 3 + 5 + 10 + 15, (took, out)
+    assert _state(frozen) in ("", "Z"), out  # ripplesrun ended it
 
 
 def _state(pid):

@@ -266,6 +266,30 @@ def test_a_host_cut_off_under_fault_tolerance_is_left_behind_and_stops(cluster, 
     assert writes[0] == "h1 5" and writes[-1] == "h1 4", writes
 
 
+@pytest.mark.skipif(not os.environ.get("RIPPLES_LONG_TESTS"),
+                    reason="RIPPLES_LONG_TESTS=1: a long run")
+def test_a_job_whose_reachable_ranks_all_raise_after_a_cut_ends(cluster, tmp_path):
+    """h2 is cut off and the 4 others leave it behind, then each raises the
+    HorovodInternalError its script does not catch (no checkpoint path: no recovery in the
+    loop). mpiexec waits for the cut host for good; ripplesrun stops it 10 s after the last
+    of them left, with status 1, naming who left and who was left behind."""
+    job = Job(["-np", "5", "-H", HOSTS, "--fault-tolerant", "--timeout", "5",
+               sys.executable, SCRIPT, "60"], tmp_path)
+    job.wait_for("READY", 5, 120)
+    subprocess.run([NETCLUSTER, "cut", "h2"], check=True, capture_output=True, timeout=30)
+    cut_at = time.time()
+    try:
+        code, out = job.finish(120)
+        took = time.time() - cut_at
+    finally:
+        _restore("h2")
+    assert code == 1, out
+    assert ("every rank the survivors could reach left the job with an uncaught error "
+            "(launch rank(s) [0, 1, 3, 4]); rank(s) [2] were left behind, and mpiexec still "
+            "waits after 10 s") in out, out
+    assert took < 5 + 5 + 10 + 10, (took, out)
+
+
 def test_a_cut_that_heals_within_the_timeout_costs_a_stall_and_nothing_else(cluster, tmp_path):
     job = Job(["-np", "5", "-H", HOSTS, "--fault-tolerant", "--timeout", "8",
                sys.executable, SCRIPT, "12", str(tmp_path / "checkpoint.txt")], tmp_path)

@@ -23,6 +23,8 @@ from typing import Callable, Iterator
 
 from mpi4py import MPI
 
+from ripples.comm import failures
+
 EXIT_STATUS = 1
 # How long MPI_Abort may take to end this process. It asks the launcher to stop every rank
 # and may wait for good for an answer (a launcher busy with a host cut off): the process
@@ -59,7 +61,8 @@ def install(rank: int, size: int, fault_tolerant: bool) -> None:
 def leave(rank: int, kind: type, fault_tolerant: bool) -> None:
     """End this process after an uncaught ``kind``: abort the job, or, fault tolerant, die
     alone so that the survivors recover."""
-    action = ("leaves the job as a dead rank (fault tolerant: the others go on)"
+    action = (f"{failures.LEFT_AS_DEAD} ({failures.LAUNCH_RANK} {MPI.COMM_WORLD.Get_rank()}; "
+              "fault tolerant: the others go on)"
               if fault_tolerant else "aborts the job (MPI_Abort) so that no rank waits for it")
     message = (f"rank {rank} raised an uncaught {kind.__name__} and {action}; "
                "RIPPLES_ABORT_ON_EXCEPTION=0 lets it exit normally instead")

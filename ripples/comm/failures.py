@@ -44,6 +44,13 @@ MPIEXEC_ARGS = ("--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "async
 # Printed by the survivors' rank 0 at exit when they went on without silent ranks (frozen,
 # or on a host cut off), which mpiexec waits for: the launcher then ends the job.
 FINISHED_WITHOUT = "the survivors finished without"
+# What a fault-tolerant rank says as it leaves the job with an uncaught error, and what the
+# survivors say of the silent ranks they leave behind, in ranks of ``MPI.COMM_WORLD`` (the
+# launch's numbering): ``ripplesrun`` ends a job in which every rank did one or the other,
+# since mpiexec would wait for the silent ones for good.
+LEFT_AS_DEAD = "leaves the job as a dead rank"
+LAUNCH_RANK = "launch rank"
+LEFT_BEHIND = "left behind, silent: launch rank(s)"
 
 
 

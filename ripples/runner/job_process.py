@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ripples.comm import failures
-from ripples.runner.leftovers import LocalRanks, proc_stat
+from ripples.runner.leftovers import PROCTABLE_ENTRY, LocalRanks, proc_stat
 
 EXIT_HOST_LOST = 1
 EXIT_ABORT_STUCK = 1
 EXIT_NOT_STARTED = 1
+EXIT_NOBODY_LEFT = 1
 # Open MPI 5 prints the table of started ranks on standard error once all have started.
 PROCTABLE_OPTION = "--output-proctable=+"
 # How long mpiexec may take to stop every rank after one called MPI_Abort.
@@ -104,15 +105,25 @@ def _run_once(argv: List[str], env: Dict[str, str],
                 print(f"ripplesrun: the survivors finished; mpiexec still waits after "
                       f"{ABORT_GRACE_S:g} s for ranks left behind (frozen or cut off): "
                       "stopping it", file=sys.stderr, flush=True)
+            elif report.nobody_left:
+                print(f"ripplesrun: error: {report.nobody_left_said()}, and mpiexec still "
+                      f"waits after {ABORT_GRACE_S:g} s for them (frozen or cut off): "
+                      "stopping it", file=sys.stderr, flush=True)
             else:
                 print(f"ripplesrun: error: mpiexec did not end within {ABORT_GRACE_S:g} s of "
                       "MPI_Abort (a host cut off?): stopping it", file=sys.stderr, flush=True)
             _stop(proc, copiers)
-            return (0 if report.survivors_finished else EXIT_ABORT_STUCK), report
+            return (0 if report.survivors_finished else
+                    EXIT_NOBODY_LEFT if report.nobody_left else EXIT_ABORT_STUCK), report
         except KeyboardInterrupt:
             report.interrupted = True
             proc.send_signal(signal.SIGINT)
     _join(copiers)
+    if report.nobody_left:
+        code = (128 - code if code < 0 else code) or EXIT_NOBODY_LEFT
+        print(f"ripplesrun: error: {report.nobody_left_said()}: exit status {code}",
+              file=sys.stderr, flush=True)
+        return code, report
     if code != 0 and report.survivors_finished:
         # Ranks left behind stop with an error of their own; the job's result is the survivors'.
         print(f"ripplesrun: the survivors finished; mpiexec's status {code} comes from the "
@@ -162,8 +173,10 @@ class JobReport:
     lost (``lost``), whether its runtime failed before any rank ran (``start_failed``),
     whether every rank started (``started``: the table ``PROCTABLE_OPTION`` prints; only
     looked for with a ``start_timeout_s``), when the job should have ended (a rank
-    aborted it, or the survivors finished), and the ranks of this host below the mpiexec
-    whose process id is ``launcher`` (``local_ranks``)."""
+    aborted it, the survivors finished, or, fault tolerant, every rank either left the job
+    with an uncaught error or was left behind by the survivors: ``nobody_left``), and the
+    ranks of this host below the mpiexec whose process id is ``launcher``
+    (``local_ranks``)."""
 
     PROCTABLE_LINE = re.compile(rb"^\(rank, host, exe, pid\) = \([^\n]*\)\n", re.M)
 
@@ -180,6 +193,9 @@ class JobReport:
     _START_FAILED = re.compile(rb"listener thread failed to start|"
                                rb"daemon failed to report back")
     _FINISHED_WITHOUT = f"ripples: {failures.FINISHED_WITHOUT}".encode()
+    _LEFT_AS_DEAD = re.compile(
+        rf"{failures.LEFT_AS_DEAD} \({failures.LAUNCH_RANK} (\d+);".encode())
+    _LEFT_BEHIND = re.compile(rf"{re.escape(failures.LEFT_BEHIND)} \[([\d, ]*)\]".encode())
 
     def __init__(self, start_timeout_s: Optional[float] = None,
                  launcher: Optional[int] = None):
@@ -189,6 +205,12 @@ class JobReport:
         self.lost: List[str] = []
         self.ending_at: Optional[float] = None
         self.survivors_finished = False
+        # Fault tolerant, by ranks of the launch: those started, those that left the job
+        # with an uncaught error, and those the survivors left behind (silent)
+        self.launched: set = set()
+        self.left_as_dead: set = set()
+        self.left_behind: set = set()
+        self.nobody_left = False  # every rank did one or the other: nobody can finish
         self.interrupted = False  # Ctrl-C was forwarded to mpiexec
         self._start_failure_said = False
         self.local_ranks = LocalRanks(launcher)
@@ -227,6 +249,8 @@ class JobReport:
         if self.PROCTABLE_LINE.search(recent):
             self.started = True
             self.local_ranks.read(recent)
+            self.launched.update(int(m.group(1)) for m in PROCTABLE_ENTRY.finditer(recent))
+        self._read_departures(recent)
         if not self._start_failure_said and self._START_FAILED.search(recent):
             self._start_failure_said = True
         hosts = [match.group(1) for match in self._LOST.finditer(recent)]
@@ -236,6 +260,26 @@ class JobReport:
             name = host.decode(errors="replace")
             if name not in self.lost:
                 self.lost.append(name)
+
+
+    def _read_departures(self, recent: bytes) -> None:
+        """Fault tolerant: the job should end once every rank either left with an error or
+        was left behind by the survivors, as mpiexec waits for the silent ones for good."""
+        self.left_as_dead.update(int(m.group(1)) for m in self._LEFT_AS_DEAD.finditer(recent))
+        for match in self._LEFT_BEHIND.finditer(recent):
+            self.left_behind.update(int(r) for r in match.group(1).split(b",") if r.strip())
+        if (self.ending_at is None and self.left_as_dead and self.left_behind
+                and self.launched and self.launched <= self.left_as_dead | self.left_behind):
+            self.ending_at = time.monotonic()
+            self.nobody_left = True
+
+
+    def nobody_left_said(self) -> str:
+        """What ``nobody_left`` means for this job, naming the ranks of the launch."""
+        gone = sorted(self.left_as_dead - self.left_behind)
+        return (f"every rank the survivors could reach left the job with an uncaught error "
+                f"(launch rank(s) {gone}); rank(s) {sorted(self.left_behind)} were left "
+                "behind")
 
 
 class StreamCopier(threading.Thread):
