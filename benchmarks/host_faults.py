@@ -16,8 +16,14 @@ and, once rank 0 has printed epoch 4, loses host h3 (ranks 4 and 5):
   must go on as a 6-rank world and finish the 40 epochs, stalling at most timeout + 5 s;
   h3's ranks must be gone within the same bound; every host has its own ``/dev/shm``, so
   a checkpoint found on any host but h1 was written by the cut side (split brain).
+* ``freeze`` (with ``--fault-tolerant``): every process of h3 is stopped (SIGSTOP), as a
+  hung machine; the same bars as a cut (the frozen ranks are gone once ``ripplesrun``
+  ends the job).
 * ``kill`` (without it): every process of h3 is killed. The job must end non-zero within
   15 s and name h3.
+* ``kill-ft`` (not run unless asked): the same kill under ``--fault-tolerant``, held to
+  the bars of a cut. Open MPI 5.0's runtime ends a job that loses a host's daemon,
+  fault tolerant or not, so it fails them.
 
 Compute is emulated (``--compute-ms 20``) on 2 shared cores; the times are wall times
 measured by this driver around the job, and the stall is the longest epoch less the
@@ -42,6 +48,8 @@ HOSTS = ["h1", "h2", "h3", "h4"]
 LOST = "h3"
 TIMEOUT_S = 5.0
 CHECKPOINT = "/dev/shm/ckpt.pt"
+LOSE = {"cut": ("cut", LOST), "freeze": ("kill", LOST, "STOP"), "kill": ("kill", LOST),
+        "kill-ft": ("kill", LOST)}
 EPOCH = re.compile(r"^epoch (\d+) steps \d+ val_accuracy (\S+) time (\S+)s$", re.M)
 SURVIVORS = re.compile(r"the (\d+) survivors go on")
 
@@ -79,7 +87,7 @@ def one_run(case: str, mode: str, log: Path) -> dict:
         nc("exec", host, "rm", "-f", CHECKPOINT)
     command = [netcluster(), "exec", "h1", str(Path(sys.executable).parent / "ripplesrun"),
                "-np", "8", "-H", ",".join(f"{h}:2" for h in HOSTS), "--timeout", str(TIMEOUT_S),
-               "--compute-ms", "20", *(["--fault-tolerant"] if case == "cut" else []),
+               "--compute-ms", "20", *(["--fault-tolerant"] if case != "kill" else []),
                sys.executable, "examples/epochs_ripples.py", "--epochs", "40", "--sync", mode,
                "--checkpoint", CHECKPOINT]
     with open(log, "w") as out:
@@ -92,16 +100,18 @@ def one_run(case: str, mode: str, log: Path) -> dict:
                                    f"{log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.05)
         lost_ranks = ranks_on(LOST)
-        nc("cut", LOST) if case == "cut" else nc("kill", LOST)
+        nc(*LOSE[case])
         lost_at = time.time()
-        while ranks_on(LOST) and time.time() - lost_at < 120:
+        # frozen ranks never end by themselves: the job's end ends them
+        while case != "freeze" and ranks_on(LOST) and time.time() - lost_at < 120:
             time.sleep(0.1)
-        gone_after = time.time() - lost_at
+        gone_after = time.time() - lost_at if case != "freeze" else None
         try:
             code = job.wait(timeout=120)
             ended_after = time.time() - lost_at
         except subprocess.TimeoutExpired:  # a hang: recorded, and every bar fails
             code, ended_after = None, None
+        outlived_the_job = ranks_on(LOST)
     finally:
         if job.poll() is None:
             subprocess.run(["kill", "-9", f"-{job.pid}"], capture_output=True)
@@ -117,20 +127,23 @@ def one_run(case: str, mode: str, log: Path) -> dict:
               "final_accuracy": epochs[-1][1] if epochs else None,
               "stall_s": (max(durations) - statistics.median(durations)) if durations else None,
               "lost_host_ranks_gone_after_s": gone_after, "job_ended_after_s": ended_after,
+              "lost_host_ranks_outlived_the_job": len(outlived_the_job),
               "survivor_world_sizes": sorted({int(n) for n in survivors}),
               "names_lost_host": f"host(s) {LOST} were lost" in output
               or f"(on {LOST})" in output,
               "checkpoint_on": checkpoints(),
               "tracebacks": output.count("Traceback")}
     bound = TIMEOUT_S + 5
-    if case == "cut":
+    if case != "kill":
         result["bars"] = {
             "the 6 others finish the 40 epochs as a 6-rank world, exit status 0":
                 result["last_epoch"] == 39 and result["survivor_world_sizes"] == [6]
                 and code == 0,
             f"stall <= timeout + 5 s ({bound:g} s)": (result["stall_s"] or 0) <= bound,
-            f"the cut host's ranks are gone within {bound:g} s": gone_after <= bound,
-            "no checkpoint written on the cut side": result["checkpoint_on"] == ["h1"]}
+            (f"the lost host's ranks are gone within {bound:g} s" if case != "freeze" else
+             "the frozen ranks do not outlive the job"):
+                not outlived_the_job if case == "freeze" else gone_after <= bound,
+            "no checkpoint written on the lost side": result["checkpoint_on"] == ["h1"]}
     else:
         result["bars"] = {"the job ends non-zero within 15 s":
                           code not in (0, None) and ended_after <= 15,
@@ -141,9 +154,9 @@ def one_run(case: str, mode: str, log: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--cases", default="cut:ripples,cut:adpsgd,kill:ripples",
-                        help="CASE:MODE pairs (cases: cut, kill; modes: ripples, adpsgd, "
-                             "allreduce)")
+    parser.add_argument("--cases", default="cut:ripples,cut:adpsgd,freeze:ripples,kill:ripples",
+                        help="CASE:MODE pairs (cases: cut, freeze, kill, kill-ft; modes: "
+                             "ripples, adpsgd, allreduce)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--logs", default="/tmp/host_faults", help="each run's output")
     args = parser.parse_args()
@@ -161,7 +174,8 @@ def main() -> int:
                 failed = [name for name, ok in run["bars"].items() if not ok]
                 print(f"{case:4s} {mode:8s} exit {run['exit_status']} last epoch "
                       f"{run['last_epoch']} stall {run['stall_s'] or 0:.1f} s, {LOST} gone "
-                      f"after {run['lost_host_ranks_gone_after_s']:.1f} s, job ended after "
+                      f"after {run['lost_host_ranks_gone_after_s'] or float('nan'):.1f} s, "
+                      "job ended after "
                       f"{run['job_ended_after_s'] or float('inf'):.1f} s, checkpoint on "
                       f"{run['checkpoint_on']}: {'all bars met' if not failed else failed}",
                       flush=True)
