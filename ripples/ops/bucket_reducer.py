@@ -262,17 +262,22 @@ class BucketReducer:
         post = self._postscale
         if self._op is ReduceOp.AVERAGE:
             post /= self._active
+        # A member that freezes or is cut off now leaves this thread in a blocking call:
+        # the data watch names it (and, fault tolerant, revokes the world so it fails).
+        watched = self._rt.data_watch.phase(self.group, f"{self.what} of {self._describe(index)}")
         if self._wire is None:
             sent = buffer
             kernels.scale_(buffer, self._prescale)
             if len(self.group) > 1:
-                self._allreduce(buffer, self._mpi_ops[index])
+                with watched:
+                    self._allreduce(buffer, self._mpi_ops[index])
             kernels.scale_(buffer, post)
         else:
             sent = self._wire[:buffer.numel()]
             kernels.pack([buffer], sent, scale=self._prescale)
             if len(self.group) > 1:
-                allreduce_16bit_(self.comm, sent)
+                with watched:
+                    allreduce_16bit_(self.comm, sent)
             kernels.unpack(sent, [buffer], scale=post)
         if timeline.enabled:
             timeline.complete(self.what, "communication", start, timeline.now() - start,

@@ -7,7 +7,9 @@ stops its own process (SIGSTOP) first:
 - ``communicator``: making the communicator of a new group (0, 1), after its members agreed;
 - ``arming``: arming the native lane of the world (Dup and an all-reduce), after the
   world's second eligible all-reduce;
-- ``join``: the all-reduce that ends ``join()``, once every rank has joined.
+- ``join``: the all-reduce that ends ``join()``, once every rank has joined;
+- ``buckets``: a gradient bucket's all-reduce (``DistributedOptimizer``, all-reduce mode),
+  on the bucket thread, after the members agreed on the step.
 The job must end (MPI_Abort) with a message naming rank 1, not hang; rank 1 never takes
 part in the frozen step, even when the launcher's teardown resumes it.
 """
@@ -31,6 +33,7 @@ if hvd.rank() == 1:
         """Replaces the step at PLACE: stops this process for good."""
         print(f"FREEZING at {time.time():.3f}", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(1)  # sent from a thread, the stop may land a moment later
         # Only the launcher's teardown resumes it (SIGCONT before SIGTERM): frozen for
         # good, it must not take part after all, or a waiting member could complete.
         os._exit(3)
@@ -41,6 +44,9 @@ if hvd.rank() == 1:
         rt.cache.create = freeze
     elif place == "arming":
         rt.engine.lanes._arm = freeze
+    elif place == "buckets":
+        from ripples.ops.bucket_reducer import BucketReducer
+        BucketReducer._allreduce = freeze
     elif place == "join":
         class FreezingAllreduce:
             """The control communicator, its ``allreduce`` (the end of join) frozen."""
@@ -61,6 +67,12 @@ elif place == "arming":
         hvd.allreduce(torch.ones(1000), name="gradients")
 elif place == "join":
     hvd.join()
+elif place == "buckets":
+    model = torch.nn.Linear(10, 10)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    model(torch.ones(4, 10)).sum().backward()
+    optimizer.step()
 else:
     hvd.allreduce(torch.ones(1000), name="gradients")
 print(f"rank {hvd.rank()} FINISHED", flush=True)
