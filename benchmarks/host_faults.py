@@ -21,6 +21,8 @@ and, once rank 0 has printed epoch 4, loses host h3 (ranks 4 and 5):
   ends the job).
 * ``kill`` (without it): every process of h3 is killed. The job must end non-zero within
   15 s and name h3.
+* MODE ``elastic`` (not run unless asked) runs ``examples/epochs_elastic.py`` instead:
+  all-reduce training in ``hvd.elastic.run``, rolled back to its last commit.
 * ``kill-ft`` (not run unless asked): the same kill under ``--fault-tolerant``, held to
   the bars of a cut. Open MPI 5.0's runtime ends a job that loses a host's daemon,
   fault tolerant or not, so it fails them.
@@ -50,7 +52,7 @@ TIMEOUT_S = 5.0
 CHECKPOINT = "/dev/shm/ckpt.pt"
 LOSE = {"cut": ("cut", LOST), "freeze": ("kill", LOST, "STOP"), "kill": ("kill", LOST),
         "kill-ft": ("kill", LOST)}
-EPOCH = re.compile(r"^epoch (\d+) steps \d+ val_accuracy (\S+) time (\S+)s$", re.M)
+EPOCH = re.compile(r"^epoch (\d+) (?:steps|size) \d+ val_accuracy (\S+) time (\S+)s$", re.M)
 SURVIVORS = re.compile(r"the (\d+) survivors go on")
 
 
@@ -63,7 +65,7 @@ def ranks_on(host: str) -> list:
     """The pids of the training script's processes inside ``host``'s network namespace
     (the cluster's hosts share one pid namespace)."""
     netns = nc("exec", host, "readlink", "/proc/self/ns/net").strip()
-    found = subprocess.run(["pgrep", "-f", "examples/epochs_ripples.py"], capture_output=True,
+    found = subprocess.run(["pgrep", "-f", "examples/epochs_"], capture_output=True,
                            text=True).stdout.split()
     mine = []
     for pid in found:
@@ -82,14 +84,20 @@ def checkpoints() -> list:
                               capture_output=True, timeout=60).returncode == 0]
 
 
+def script_for(mode: str) -> list:
+    """The porting guide's script in ``mode``, or its elastic all-reduce twin."""
+    if mode == "elastic":
+        return ["examples/epochs_elastic.py"]
+    return ["examples/epochs_ripples.py", "--sync", mode]
+
+
 def one_run(case: str, mode: str, log: Path) -> dict:
     for host in HOSTS:
         nc("exec", host, "rm", "-f", CHECKPOINT)
     command = [netcluster(), "exec", "h1", str(Path(sys.executable).parent / "ripplesrun"),
                "-np", "8", "-H", ",".join(f"{h}:2" for h in HOSTS), "--timeout", str(TIMEOUT_S),
                "--compute-ms", "20", *(["--fault-tolerant"] if case != "kill" else []),
-               sys.executable, "examples/epochs_ripples.py", "--epochs", "40", "--sync", mode,
-               "--checkpoint", CHECKPOINT]
+               sys.executable, *script_for(mode), "--epochs", "40", "--checkpoint", CHECKPOINT]
     with open(log, "w") as out:
         job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                env=job_env(), start_new_session=True)
@@ -156,7 +164,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--cases", default="cut:ripples,cut:adpsgd,freeze:ripples,kill:ripples",
                         help="CASE:MODE pairs (cases: cut, freeze, kill, kill-ft; modes: "
-                             "ripples, adpsgd, allreduce)")
+                             "ripples, adpsgd, allreduce (not elastic: the survivors raise), "
+                             "elastic (examples/epochs_elastic.py))")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--logs", default="/tmp/host_faults", help="each run's output")
     args = parser.parse_args()

@@ -36,3 +36,14 @@ def test_epoch_script_trains_saves_and_resumes(script, env, args, tmp_path):
     resumed = run_example(script, tmp_path, 4, env, args)
     assert [int(e) for e, _, _ in resumed] == [3]  # started after the saved epoch
     assert float(resumed[0][2]) > 0.85, resumed
+
+
+def test_the_elastic_script_trains_and_saves(tmp_path):
+    result = run_mpi([sys.executable, str(REPO_DIR / "examples" / "epochs_elastic.py"),
+                      "--epochs", "3", "--checkpoint", str(tmp_path / "checkpoint.pt")], 2,
+                     timeout=180)
+    epochs = re.findall(r"^epoch (\d+) size (\d+) val_accuracy (\S+) time \S+s$",
+                        result.stdout, re.M)
+    assert [(int(e), int(s)) for e, s, _ in epochs] == [(0, 2), (1, 2), (2, 2)], result.stdout
+    assert float(epochs[-1][2]) > 0.85, epochs  # 10 classes: chance is 0.1
+    assert (tmp_path / "checkpoint.pt").exists()
