@@ -61,7 +61,9 @@ def install(rank: int, size: int, fault_tolerant: bool) -> None:
 def leave(rank: int, kind: type, fault_tolerant: bool) -> None:
     """End this process after an uncaught ``kind``: abort the job, or, fault tolerant, die
     alone so that the survivors recover."""
-    action = (f"{failures.LEFT_AS_DEAD} ({failures.LAUNCH_RANK} {MPI.COMM_WORLD.Get_rank()}; "
+    launch_rank = (MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized()
+                   else rank)
+    action = (f"{failures.LEFT_AS_DEAD} ({failures.LAUNCH_RANK} {launch_rank}; "
               "fault tolerant: the others go on)"
               if fault_tolerant else "aborts the job (MPI_Abort) so that no rank waits for it")
     message = (f"rank {rank} raised an uncaught {kind.__name__} and {action}; "

@@ -261,7 +261,6 @@ class JobReport:
             if name not in self.lost:
                 self.lost.append(name)
 
-
     def _read_departures(self, recent: bytes) -> None:
         """Fault tolerant: the job should end once every rank either left with an error or
         was left behind by the survivors, as mpiexec waits for the silent ones for good."""
@@ -272,7 +271,6 @@ class JobReport:
                 and self.launched and self.launched <= self.left_as_dead | self.left_behind):
             self.ending_at = time.monotonic()
             self.nobody_left = True
-
 
     def nobody_left_said(self) -> str:
         """What ``nobody_left`` means for this job, naming the ranks of the launch."""

@@ -52,7 +52,7 @@ import torch
 from mpi4py import MPI
 
 from ripples.comm.doorbell import Doorbell
-from ripples.core.errors import PeersSilentError, RanksFailedError, RipplesTimeoutError
+from ripples.core.errors import RanksFailedError, RipplesTimeoutError
 from ripples.schedule.adpsgd import adpsgd_partner, adpsgd_roles
 from ripples.torch.adpsgd_exchange import Responder, exchange, finish
 from ripples.torch.decentralized_optimizer import current_layout, floating_buffers
@@ -166,20 +166,18 @@ class AdpsgdOptimizer(WrappedOptimizer):
             pass
 
     def _recover_from(self, error: BaseException, what: str) -> None:
-        """Raise ``error`` unless it is a dead or silent peer's; then recover (collective over the
-        survivors) and log what was lost."""
+        """Raise ``error`` unless it is a dead or silent peer's; then recover (collective
+        over the survivors) and log what was lost."""
         rt = self._runtime
         rank = rt.rank  # the ranks in ``what`` are of the world that lost it
-        if (type(error) is RipplesTimeoutError and error.missing  # noqa: E721 - not silent yet
-                and rt.config.fault_tolerant):
+        not_asked_yet = type(error) is RipplesTimeoutError  # a PeersSilentError was
+        if not_asked_yet and error.missing and rt.config.fault_tolerant:
             # A peer that stopped answering mid-exchange (the responder's thread cannot ask):
             # silent (cut off, frozen) is survived like dead; alive, the error stands.
             try:
                 rt.liveness.keep_waiting(error.missing, error)
-            except PeersSilentError as silent:
-                error = silent
-            except RipplesTimeoutError:
-                pass
+            except RipplesTimeoutError as found:  # PeersSilentError: silent, recovered from
+                error = found
         failure = rt.raised(error, self._generation)
         if failure is error:
             raise error
