@@ -276,6 +276,7 @@ def test_a_job_whose_reachable_ranks_all_raise_after_a_cut_ends(cluster, tmp_pat
     job = Job(["-np", "5", "-H", HOSTS, "--fault-tolerant", "--timeout", "5",
                sys.executable, SCRIPT, "60"], tmp_path)
     job.wait_for("READY", 5, 120)
+    time.sleep(1.0)  # past the communicators the loop's first all-reduces make
     subprocess.run([NETCLUSTER, "cut", "h2"], check=True, capture_output=True, timeout=30)
     cut_at = time.time()
     try:
