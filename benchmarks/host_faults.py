@@ -61,10 +61,14 @@ def nc(*args, check=True) -> str:
                           check=check, timeout=60).stdout
 
 
-def ranks_on(host: str) -> list:
-    """The pids of the training script's processes inside ``host``'s network namespace
-    (the cluster's hosts share one pid namespace)."""
-    netns = nc("exec", host, "readlink", "/proc/self/ns/net").strip()
+def network_namespace(host: str) -> str:
+    """``host``'s network namespace, as ``/proc/PID/ns/net`` names it."""
+    return nc("exec", host, "readlink", "/proc/self/ns/net").strip()
+
+
+def ranks_in(netns: str) -> list:
+    """The pids of the training script's processes in network namespace ``netns`` (the
+    cluster's hosts share one pid namespace)."""
     found = subprocess.run(["pgrep", "-f", "examples/epochs_"], capture_output=True,
                            text=True).stdout.split()
     mine = []
@@ -107,11 +111,12 @@ def one_run(case: str, mode: str, log: Path) -> dict:
                 raise RuntimeError(f"the job ended or stalled before epoch 4:\n"
                                    f"{log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.05)
-        lost_ranks = ranks_on(LOST)
+        lost_netns = network_namespace(LOST)
+        lost_ranks = ranks_in(lost_netns)
         nc(*LOSE[case])
         lost_at = time.time()
         # frozen ranks never end by themselves: the job's end ends them
-        while case != "freeze" and ranks_on(LOST) and time.time() - lost_at < 120:
+        while case != "freeze" and ranks_in(lost_netns) and time.time() - lost_at < 120:
             time.sleep(0.1)
         gone_after = time.time() - lost_at if case != "freeze" else None
         try:
@@ -119,7 +124,7 @@ def one_run(case: str, mode: str, log: Path) -> dict:
             ended_after = time.time() - lost_at
         except subprocess.TimeoutExpired:  # a hang: recorded, and every bar fails
             code, ended_after = None, None
-        outlived_the_job = ranks_on(LOST)
+        outlived_the_job = ranks_in(lost_netns)
     finally:
         if job.poll() is None:
             subprocess.run(["kill", "-9", f"-{job.pid}"], capture_output=True)
@@ -147,7 +152,8 @@ def one_run(case: str, mode: str, log: Path) -> dict:
             "the 6 others finish the 40 epochs as a 6-rank world, exit status 0":
                 result["last_epoch"] == 39 and result["survivor_world_sizes"] == [6]
                 and code == 0,
-            f"stall <= timeout + 5 s ({bound:g} s)": (result["stall_s"] or 0) <= bound,
+            f"stall <= timeout + 5 s ({bound:g} s)":
+                result["stall_s"] is not None and result["stall_s"] <= bound,
             (f"the lost host's ranks are gone within {bound:g} s" if case != "freeze" else
              "the frozen ranks do not outlive the job"):
                 not outlived_the_job if case == "freeze" else gone_after <= bound,
