@@ -38,8 +38,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
-from ripples.comm import control_tree
-from ripples.comm.mpi import Deadline, poll_until, wait_all
+from ripples.comm import control_tree, outbox
+from ripples.comm.mpi import Deadline, poll_until, wait_sends
 from ripples.core.errors import MismatchError, RipplesError, RipplesTimeoutError
 
 _TAG_RECORD = 11
@@ -223,7 +223,7 @@ def _send_all(ctl, replies: dict, timeout_s, stall_s, group, what) -> None:
     requests = [ctl.Isend(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL), dest=member,
                           tag=_TAG_REPLY) for member, reply in replies.items()]
     deadline = Deadline(timeout_s, stall_s, lambda: f"{what} on group {group}: answering members")
-    wait_all(requests, deadline)
+    wait_sends(requests, deadline)
 
 
 def _follow(ctl, mine: Record, leader: int, what, timeout_s, stall_s, idle) -> Decision:
@@ -253,8 +253,7 @@ def _follow(ctl, mine: Record, leader: int, what, timeout_s, stall_s, idle) -> D
     except RipplesTimeoutError:
         withdraw = ctl.Isend(pickle.dumps((_WITHDRAW, mine.attempt)), dest=leader,
                              tag=_TAG_RECORD)
-        control_tree.keep_until_sent(send)
-        control_tree.keep_until_sent(withdraw)
+        outbox.keep_until_sent(send, withdraw)
         raise
     send.Wait()
     return _decision(reply, mine)

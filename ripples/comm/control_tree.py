@@ -41,6 +41,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from mpi4py import MPI
 
+from ripples.comm import outbox
 from ripples.comm.mpi import Deadline, poll_until
 from ripples.core.errors import RipplesTimeoutError
 
@@ -354,24 +355,13 @@ def next_attempt() -> int:
     return next(_attempts)
 
 
-# Sends nobody waits for: each request (it holds its buffer) is kept until it completes.
-_outbox: List[MPI.Request] = []
-
-
-def keep_until_sent(request: MPI.Request) -> None:
-    """Let ``request`` (a send) complete in the background."""
-    if len(_outbox) >= 32:
-        _outbox[:] = [r for r in _outbox if not r.Test()]
-    _outbox.append(request)
-
-
 def _encode(message: tuple) -> bytes:
     """The bytes on the wire: ``message`` padded with zeros to ``FIELDS`` int64."""
     return _RECORD.pack(*message, *(0,) * (FIELDS - len(message)))
 
 
 def _send(ctl, message: tuple, dest: int, tag: int) -> None:
-    keep_until_sent(ctl.Isend([_encode(message), MPI.BYTE], dest=dest, tag=tag))
+    outbox.keep_until_sent(ctl.Isend([_encode(message), MPI.BYTE], dest=dest, tag=tag))
 
 
 def _now_ms() -> int:

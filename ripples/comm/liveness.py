@@ -43,6 +43,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from mpi4py import MPI
 
+from ripples.comm import outbox
 from ripples.comm.stack_watch import MainThreadWatch
 from ripples.core.errors import PeersSilentError, RipplesTimeoutError
 
@@ -243,7 +244,7 @@ class Liveness:
             question = (sequence, self.waited_s())
             for peer in peers:
                 try:
-                    self._comm.isend(question, dest=peer, tag=_PING)
+                    outbox.keep_until_sent(self._comm.isend(question, dest=peer, tag=_PING))
                 except MPI.Exception:
                     answers[peer] = None
             waiting = [p for p in peers if p not in answers]
@@ -269,9 +270,9 @@ class Liveness:
         """``peer``'s answer to question ``sequence`` if it has come (older answers are
         dropped)."""
         while self._comm.iprobe(source=peer, tag=_PONG):
-            echo, state = self._comm.recv(source=peer, tag=_PONG)
-            if echo == sequence:
-                return PeerState(*state)
+            answer = _decoded(self._comm, peer, _PONG)
+            if answer is not None and answer[0] == sequence:
+                return PeerState(*answer[1])
         return None
 
     def _warn(self, error: RipplesTimeoutError, verdict: Verdict,
@@ -290,18 +291,19 @@ class Liveness:
 
     def _respond(self) -> None:
         status = MPI.Status()
-        sends: List[MPI.Request] = []
         while not self._closing.is_set():
             try:
                 self._main_thread.sample()
                 if not self._comm.iprobe(source=MPI.ANY_SOURCE, tag=_PING, status=status):
-                    sends = [s for s in sends if not s.Test()]
                     self._closing.wait(_RESPONDER_NAP_S)
                     continue
                 source = status.Get_source()
-                sequence, asker_waited_s = self._comm.recv(source=source, tag=_PING)
-                sends.append(self._comm.isend((sequence, tuple(self.state(asker_waited_s))),
-                                              dest=source, tag=_PONG))
+                question = _decoded(self._comm, source, _PING)
+                if question is None:
+                    continue
+                sequence, asker_waited_s = question
+                outbox.keep_until_sent(self._comm.isend(
+                    (sequence, tuple(self.state(asker_waited_s))), dest=source, tag=_PONG))
             except MPI.Exception:  # a peer died mid-message: the others still get answers
                 self._closing.wait(_RESPONDER_NAP_S)
 
@@ -331,6 +333,23 @@ class Liveness:
         if self._thread is not None:
             self._thread.join()
         self._comm.Free()
+
+
+def _decoded(comm: MPI.Comm, source: int, tag: int):
+    """The next message from ``source`` on ``tag``, unpickled; None (logged) if it is not a
+    valid message. The responder must outlive one bad message: a rank whose responder
+    stopped would be taken for a dead one."""
+    try:
+        message = comm.recv(source=source, tag=tag)
+        if not isinstance(message, tuple) or len(message) != 2:
+            raise ValueError(f"a {type(message).__name__}, not a pair")
+        return message
+    except MPI.Exception:
+        raise
+    except Exception as error:  # unpickling garbage raises anything
+        log.warning("ripples liveness: dropped an unreadable message from rank %d (tag %d): "
+                    "%s", source, tag, error)
+        return None
 
 
 _GAVE_UP = re.compile(r"gave up after ([0-9.e+-]+) s \(Config\.timeout_s / RIPPLES_TIMEOUT_S\)")

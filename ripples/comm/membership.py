@@ -30,7 +30,7 @@ from typing import List, NamedTuple, Sequence
 
 from mpi4py import MPI
 
-from ripples.comm import fail_fast, failures
+from ripples.comm import fail_fast, failures, outbox
 from ripples.comm.liveness import Liveness, answer_wait_s
 
 _DECISION, _LEFT_OUT = 43, 44
@@ -119,9 +119,9 @@ def _announce(comm: MPI.Comm, decision: Decision) -> None:
     """Send the decision to the other members and a notice to the silent ranks. The sends
     are not waited for: a silent rank may never take its notice."""
     for rank in decision.members[1:]:
-        comm.isend(tuple(decision), dest=rank, tag=_DECISION)
+        outbox.keep_until_sent(comm.isend(tuple(decision), dest=rank, tag=_DECISION))
     for rank in decision.silent:
-        comm.isend(decision.generation, dest=rank, tag=_LEFT_OUT)
+        outbox.keep_until_sent(comm.isend(decision.generation, dest=rank, tag=_LEFT_OUT))
 
 
 def _await_decision(comm: MPI.Comm, liveness: Liveness, coordinator: int, generation: int):

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ripples.comm import outbox
 from ripples.core.errors import RipplesTimeoutError
 from ripples.core.reduce_ops import ReduceOp
 
@@ -122,6 +123,16 @@ def wait_all(requests: Sequence[MPI.Request], deadline: Deadline) -> None:
             raise MPI.Exception(failed[0]) from error
 
     poll_until(test_all, deadline)
+
+
+def wait_sends(sends: Sequence[MPI.Request], deadline: Deadline) -> None:
+    """``wait_all`` for sends. Those still in flight when it raises are kept until they
+    complete (``ripples.comm.outbox``): MPI may still read their buffers."""
+    try:
+        wait_all(sends, deadline)
+    except BaseException:
+        outbox.keep_until_sent(*sends)
+        raise
 
 
 def poll_until(done: Callable[[], bool], deadline: Deadline,

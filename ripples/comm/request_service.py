@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from ripples.comm import outbox
 from ripples.comm.doorbell import Doorbell
 from ripples.comm.failures import is_process_failure
 from ripples.core.errors import RipplesError
@@ -139,14 +140,26 @@ class RequestService:
                         reply.append(answer[1:])
             return bool(reply) and send.Test()
 
-        poll_until(answered, Deadline(
-            self.timeout_s, self.timeout_s,
-            lambda: f"{self.name} (rank {self.root}) did not answer {op!r} from rank {self.rank}"))
+        try:
+            poll_until(answered, Deadline(
+                self.timeout_s, self.timeout_s,
+                lambda: f"{self.name} (rank {self.root}) did not answer {op!r} from rank "
+                        f"{self.rank}"))
+        except BaseException:
+            outbox.keep_until_sent(send)  # may still be in flight to a late root
+            raise
         return reply[0]
 
     # ---------------------------------------------------------------- the thread on root
 
     def _serve(self) -> None:
+        try:
+            self._serve_until_stopped()
+        finally:
+            outbox.keep_until_sent(*self._sends)  # stopped: answers still in flight
+            self._sends = []
+
+    def _serve_until_stopped(self) -> None:
         from mpi4py import MPI
         nap = MIN_NAP_S
         rung = time.monotonic()

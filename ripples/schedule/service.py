@@ -50,6 +50,7 @@ from typing import List, Optional
 
 from ..core.errors import RipplesError, RipplesTimeoutError
 from .base import Assignment, Schedule, check_group_size
+from ..comm import outbox
 from ..comm.doorbell import Doorbell
 from .generator import GroupGenerator
 from .generator_checkpoint import generator_state, restore_generator_state
@@ -171,6 +172,9 @@ class GeneratorService:
                 time.sleep(self.poll_interval_s)
         except BaseException as exc:  # surfaced to the rank-0 client, which raises it
             self.error = exc
+        finally:
+            outbox.keep_until_sent(*self._sends)  # stopped: answers still in flight
+            self._sends = []
 
     def snapshot(self) -> dict:
         """The generator's checkpoint state (``generator_checkpoint``)."""
@@ -351,6 +355,8 @@ class GeneratorSchedule(Schedule):
         from ripples.comm.failures import revoke
         self._closed = self._left = True
         self._held.clear()
+        outbox.keep_until_sent(*self._sends)
+        self._sends = []
         revoke([self.comm])
         if self._service is not None:
             self._service.stop()
@@ -386,10 +392,14 @@ class GeneratorSchedule(Schedule):
                 self._sends = [req for req in self._sends if not req.Test()]
             return bool(answer) and send.Test() and not self._sends
 
-        poll_until(answered, Deadline(
-            self.timeout_s, self.timeout_s,
-            lambda: (f"group generator (rank {SERVICE_RANK} of its communicator) did not "
-                     f"answer {op!r} from rank {self.rank}")))
+        try:
+            poll_until(answered, Deadline(
+                self.timeout_s, self.timeout_s,
+                lambda: (f"group generator (rank {SERVICE_RANK} of its communicator) did not "
+                         f"answer {op!r} from rank {self.rank}")))
+        except BaseException:
+            outbox.keep_until_sent(send)  # may still be in flight to a late service
+            raise
         status, payload, _ = answer[0]
         if status != "ok":
             raise RipplesError(f"group generator refused {op!r} from rank {self.rank}: {payload}")

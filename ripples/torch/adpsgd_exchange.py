@@ -37,8 +37,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ripples.comm import outbox
 from ripples.comm.doorbell import Doorbell
-from ripples.comm.mpi import Deadline, as_buffer, wait_all
+from ripples.comm.mpi import Deadline, as_buffer, wait_all, wait_sends
 from ripples.core.errors import MismatchError, RipplesError, RipplesTimeoutError
 
 TAG_HEADER, TAG_DATA, TAG_STATUS, TAG_AVERAGE = 0x4144, 0x4145, 0x4146, 0x4147
@@ -110,6 +111,7 @@ def exchange(comm: MPI.Comm, rank: int, partner: int, tensors: List[torch.Tensor
         wait_all(replies, deadline)
     except RipplesTimeoutError:
         _cancel(replies)
+        outbox.keep_until_sent(*sends)  # the header may still be on its way
         raise
     for tensor, host in zip(tensors, hosts):
         if host is not tensor:
@@ -124,7 +126,7 @@ def finish(comm: MPI.Comm, rank: int, passives: Sequence[int], exchanges: int,
     if doorbell is not None:
         for passive in passives:
             doorbell.ring(passive)
-    wait_all(sends, Deadline(timeout_s, stall_s, lambda: (
+    wait_sends(sends, Deadline(timeout_s, stall_s, lambda: (
         f"rank {rank}: AD-PSGD end notice to passive ranks {list(passives)}")))
 
 
@@ -281,15 +283,15 @@ class Responder:
             self._on_exchange(source)
         sends = [self.comm.Isend(np.array([OK], dtype=np.int64), source, TAG_STATUS)]
         sends += [self.comm.Isend(as_buffer(t), source, TAG_AVERAGE) for t in theirs]
-        wait_all(sends, deadline)
+        wait_sends(sends, deadline)
 
     def _refuse(self, source: int, count: int, deadline: Deadline) -> None:
         """Answer an exchange whose tensors differ from this rank's (after receiving and
         dropping the ``count`` still on the way), and keep the error for the training
         thread."""
         self._drain(source, count, deadline)
-        wait_all([self.comm.Isend(np.array([MISMATCH], dtype=np.int64), source, TAG_STATUS)],
-                 deadline)
+        wait_sends([self.comm.Isend(np.array([MISMATCH], dtype=np.int64), source, TAG_STATUS)],
+                   deadline)
         self.error = MismatchError(
             f"rank {self.rank}: active rank {source} averages different tensors "
             "(dtypes or sizes) than this rank; every rank must train the same model")

@@ -106,3 +106,49 @@ def test_ranks_waiting_on_each_other_fail_naming_them():
     time.sleep(bound - elapsed)  # every rank has failed by now: meet again
     assert hvd.allreduce(torch.tensor([int(named)]), name="named", op=hvd.Max).item() == 1
     hvd.remove_process_set(pair)
+
+
+def test_a_garbled_question_leaves_the_responder_answering():
+    """A message that is not a question (garbage on the wire) is dropped: the responder
+    goes on answering, else its rank would be taken for a dead one."""
+    from ripples.comm import liveness
+
+    _timeout()
+    checks = current().liveness
+    if hvd.rank() == 0:
+        checks.comm.Send(b"\xb0 not a pickle", dest=1, tag=liveness._PING)
+        checks.comm.send("a pickle, not a question", dest=1, tag=liveness._PING)
+        time.sleep(0.2)
+        answers = checks.probe([1, 2])
+        assert answers[1] is not None and answers[2] is not None, answers
+    hvd.allreduce(torch.ones(1), name="after-garbage")
+
+
+def test_a_send_kept_until_sent_reaches_its_receiver_intact():
+    """A send whose request the sender lets go of still delivers what was sent: the
+    pickled buffer lives until the send completes (a dropped request frees it under MPI)."""
+    import gc
+
+    from mpi4py import MPI
+
+    from ripples.comm import outbox
+
+    _timeout()
+    comm = MPI.COMM_WORLD.Dup()
+    message = [bytes([index]) * 200_000 for index in range(4)]
+    if hvd.rank() == 0:
+        for index, part in enumerate(message):
+            outbox.keep_until_sent(comm.isend(part, dest=1, tag=index))
+        del part
+        gc.collect()
+        reused = [bytes([255]) * 200_000 for _ in range(40)]  # memory a freed buffer gets
+        comm.Barrier()
+        assert len(reused) == 40
+    elif hvd.rank() == 1:
+        time.sleep(0.5)  # the sends wait for this receiver (too big to go eagerly)
+        received = [comm.recv(source=0, tag=index) for index in range(4)]
+        comm.Barrier()
+        assert received == message
+    else:
+        comm.Barrier()
+    comm.Free()
