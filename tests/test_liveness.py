@@ -211,6 +211,10 @@ def test_slow_is_not_dead_under_mpiexec():
     run_pytest_under_mpi("mpi_liveness.py", 3, timeout=150, env={"RIPPLES_TIMEOUT_S": "2"})
 
 
+def test_requests_nobody_waits_for_complete_intact_under_mpiexec():
+    run_pytest_under_mpi("mpi_outbox.py", 3, timeout=60)
+
+
 def _slow_rank_run(sync, steps, fast_step_s, timeout_s, limit_s):
     result = run_mpi([sys.executable, str(TESTS_DIR / "mpi" / "slow_rank_training.py"), sync,
                       str(steps), str(fast_step_s)], 3, timeout=limit_s,

@@ -253,7 +253,7 @@ def _follow(ctl, mine: Record, leader: int, what, timeout_s, stall_s, idle) -> D
     except RipplesTimeoutError:
         withdraw = ctl.Isend(pickle.dumps((_WITHDRAW, mine.attempt)), dest=leader,
                              tag=_TAG_RECORD)
-        outbox.keep_until_sent(send, withdraw)
+        outbox.keep_until_complete(send, withdraw)
         raise
     send.Wait()
     return _decision(reply, mine)

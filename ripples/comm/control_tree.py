@@ -361,7 +361,7 @@ def _encode(message: tuple) -> bytes:
 
 
 def _send(ctl, message: tuple, dest: int, tag: int) -> None:
-    outbox.keep_until_sent(ctl.Isend([_encode(message), MPI.BYTE], dest=dest, tag=tag))
+    outbox.keep_until_complete(ctl.Isend([_encode(message), MPI.BYTE], dest=dest, tag=tag))
 
 
 def _now_ms() -> int:

@@ -244,7 +244,7 @@ class Liveness:
             question = (sequence, self.waited_s())
             for peer in peers:
                 try:
-                    outbox.keep_until_sent(self._comm.isend(question, dest=peer, tag=_PING))
+                    outbox.keep_until_complete(self._comm.isend(question, dest=peer, tag=_PING))
                 except MPI.Exception:
                     answers[peer] = None
             waiting = [p for p in peers if p not in answers]
@@ -302,7 +302,7 @@ class Liveness:
                 if question is None:
                     continue
                 sequence, asker_waited_s = question
-                outbox.keep_until_sent(self._comm.isend(
+                outbox.keep_until_complete(self._comm.isend(
                     (sequence, tuple(self.state(asker_waited_s))), dest=source, tag=_PONG))
             except MPI.Exception:  # a peer died mid-message: the others still get answers
                 self._closing.wait(_RESPONDER_NAP_S)

@@ -119,9 +119,9 @@ def _announce(comm: MPI.Comm, decision: Decision) -> None:
     """Send the decision to the other members and a notice to the silent ranks. The sends
     are not waited for: a silent rank may never take its notice."""
     for rank in decision.members[1:]:
-        outbox.keep_until_sent(comm.isend(tuple(decision), dest=rank, tag=_DECISION))
+        outbox.keep_until_complete(comm.isend(tuple(decision), dest=rank, tag=_DECISION))
     for rank in decision.silent:
-        outbox.keep_until_sent(comm.isend(decision.generation, dest=rank, tag=_LEFT_OUT))
+        outbox.keep_until_complete(comm.isend(decision.generation, dest=rank, tag=_LEFT_OUT))
 
 
 def _await_decision(comm: MPI.Comm, liveness: Liveness, coordinator: int, generation: int):

@@ -131,7 +131,7 @@ def wait_sends(sends: Sequence[MPI.Request], deadline: Deadline) -> None:
     try:
         wait_all(sends, deadline)
     except BaseException:
-        outbox.keep_until_sent(*sends)
+        outbox.keep_until_complete(*sends)
         raise
 
 

@@ -146,7 +146,7 @@ class RequestService:
                 lambda: f"{self.name} (rank {self.root}) did not answer {op!r} from rank "
                         f"{self.rank}"))
         except BaseException:
-            outbox.keep_until_sent(send)  # may still be in flight to a late root
+            outbox.keep_until_complete(send)  # may still be in flight to a late root
             raise
         return reply[0]
 
@@ -156,7 +156,7 @@ class RequestService:
         try:
             self._serve_until_stopped()
         finally:
-            outbox.keep_until_sent(*self._sends)  # stopped: answers still in flight
+            outbox.keep_until_complete(*self._sends)  # stopped: answers still in flight
             self._sends = []
 
     def _serve_until_stopped(self) -> None:

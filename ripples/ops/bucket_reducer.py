@@ -40,7 +40,7 @@ import torch
 from mpi4py import MPI
 
 from ripples import kernels
-from ripples.comm import step_record
+from ripples.comm import outbox, step_record
 from ripples.comm.mpi import Deadline, as_buffer, mpi_op, poll_until
 from ripples.core.errors import MismatchError, RipplesTimeoutError
 from ripples.ops.fusion import host_buffer
@@ -114,6 +114,8 @@ class BucketReducer:
         self._join_request = None
         self._join_settled = False  # the all-joined record completed: post no more
         self._join_out = np.zeros(step_record.RECORD_FIELDS, dtype=np.int64)
+        # Sent by the join's all-reduce: MPI reads it until that completes (outlives it).
+        self._joined_record = step_record.encode(False, 0, 0)
         self._agreeing = False  # the thread waits in a step record (bounded on its own)
         self._progress_at = 0.0  # when the thread last left a step record
 
@@ -210,8 +212,8 @@ class BucketReducer:
     def _agree(self) -> None:
         config = self._rt.config
         summed = np.zeros(step_record.RECORD_FIELDS, dtype=np.int64)
-        request = self.comm.Iallreduce(step_record.encode(True, self.plan, self.epoch), summed,
-                                       op=MPI.SUM)
+        record = step_record.encode(True, self.plan, self.epoch)
+        request = self.comm.Iallreduce(record, summed, op=MPI.SUM)
         others = [member for member in self.group if member != self._rt.rank]
         deadline = Deadline(self._rt.liveness.check_after_s(), config.stall_warning_s, lambda: (
             f"{self.what} of {self._describe(0)} (step {self.epoch}) on group {self.group}: "
@@ -220,6 +222,8 @@ class BucketReducer:
         try:
             poll_until(request.Test, deadline)
         except RipplesTimeoutError as exc:
+            # MPI still uses both arrays: the members that come late complete it.
+            outbox.keep_until_complete(request, buffers=(record, summed))
             missing = self._absent_members()
             raise RipplesTimeoutError(
                 f"{self.what} of {self._describe(0)} (step {self.epoch}) on group "
@@ -308,7 +312,7 @@ class BucketReducer:
         if self._join_settled:
             return False
         if self._join_request is None:
-            self._join_request = self.comm.Iallreduce(step_record.encode(False, 0, 0),
+            self._join_request = self.comm.Iallreduce(self._joined_record,
                                                       self._join_out, op=MPI.SUM)
             return False
         if not self._join_request.Test():
@@ -335,7 +339,7 @@ class BucketReducer:
         if settled:
             return
         if self._join_request is None:
-            self._join_request = self.comm.Iallreduce(step_record.encode(False, 0, 0),
+            self._join_request = self.comm.Iallreduce(self._joined_record,
                                                       self._join_out, op=MPI.SUM)
         config = self._rt.config
         deadline = Deadline(config.timeout_s, config.stall_warning_s, lambda: (

@@ -173,7 +173,7 @@ class GeneratorService:
         except BaseException as exc:  # surfaced to the rank-0 client, which raises it
             self.error = exc
         finally:
-            outbox.keep_until_sent(*self._sends)  # stopped: answers still in flight
+            outbox.keep_until_complete(*self._sends)  # stopped: answers still in flight
             self._sends = []
 
     def snapshot(self) -> dict:
@@ -355,7 +355,7 @@ class GeneratorSchedule(Schedule):
         from ripples.comm.failures import revoke
         self._closed = self._left = True
         self._held.clear()
-        outbox.keep_until_sent(*self._sends)
+        outbox.keep_until_complete(*self._sends)
         self._sends = []
         revoke([self.comm])
         if self._service is not None:
@@ -398,7 +398,7 @@ class GeneratorSchedule(Schedule):
                 lambda: (f"group generator (rank {SERVICE_RANK} of its communicator) did not "
                          f"answer {op!r} from rank {self.rank}")))
         except BaseException:
-            outbox.keep_until_sent(send)  # may still be in flight to a late service
+            outbox.keep_until_complete(send)  # may still be in flight to a late service
             raise
         status, payload, _ = answer[0]
         if status != "ok":

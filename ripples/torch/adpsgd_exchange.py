@@ -111,7 +111,7 @@ def exchange(comm: MPI.Comm, rank: int, partner: int, tensors: List[torch.Tensor
         wait_all(replies, deadline)
     except RipplesTimeoutError:
         _cancel(replies)
-        outbox.keep_until_sent(*sends)  # the header may still be on its way
+        outbox.keep_until_complete(*sends)  # the header may still be on its way
         raise
     for tensor, host in zip(tensors, hosts):
         if host is not tensor:
