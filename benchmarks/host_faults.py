@@ -21,8 +21,8 @@ and, once rank 0 has printed epoch 4, loses host h3 (ranks 4 and 5):
   ends the job).
 * ``kill`` (without it): every process of h3 is killed. The job must end non-zero within
   15 s and name h3.
-* MODE ``elastic`` (not run unless asked) runs ``examples/epochs_elastic.py`` instead:
-  all-reduce training in ``hvd.elastic.run``, rolled back to its last commit.
+* MODE ``elastic`` runs ``examples/epochs_elastic.py`` instead: all-reduce training in
+  ``hvd.elastic.run``, rolled back to its last commit.
 * ``kill-ft`` (not run unless asked): the same kill under ``--fault-tolerant``, held to
   the bars of a cut. Open MPI 5.0's runtime ends a job that loses a host's daemon,
   fault tolerant or not, so it fails them.
@@ -168,7 +168,8 @@ def one_run(case: str, mode: str, log: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--cases", default="cut:ripples,cut:adpsgd,freeze:ripples,kill:ripples",
+    parser.add_argument("--cases",
+                        default="cut:ripples,cut:adpsgd,cut:elastic,freeze:ripples,kill:ripples",
                         help="CASE:MODE pairs (cases: cut, freeze, kill, kill-ft; modes: "
                              "ripples, adpsgd, allreduce (not elastic: the survivors raise), "
                              "elastic (examples/epochs_elastic.py))")
