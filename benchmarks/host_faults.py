@@ -21,6 +21,9 @@ and, once rank 0 has printed epoch 4, loses host h3 (ranks 4 and 5):
   ends the job).
 * ``kill`` (without it): every process of h3 is killed. The job must end non-zero within
   15 s and name h3.
+* ``heal`` (with ``--fault-tolerant``): h3's cable is pulled and put back 2 s later, well
+  within the timeout. All 8 ranks must finish the 40 epochs as one world, stalling at most
+  the cut + 5 s.
 * MODE ``elastic`` runs ``examples/epochs_elastic.py`` instead: all-reduce training in
   ``hvd.elastic.run``, rolled back to its last commit.
 * ``kill-ft`` (not run unless asked): the same kill under ``--fault-tolerant``, held to
@@ -51,7 +54,8 @@ LOST = "h3"
 TIMEOUT_S = 5.0
 CHECKPOINT = "/dev/shm/ckpt.pt"
 LOSE = {"cut": ("cut", LOST), "freeze": ("kill", LOST, "STOP"), "kill": ("kill", LOST),
-        "kill-ft": ("kill", LOST)}
+        "kill-ft": ("kill", LOST), "heal": ("cut", LOST)}
+HEAL_AFTER_S = 2.0  # the ``heal`` case's cut: well within the timeout
 EPOCH = re.compile(r"^epoch (\d+) (?:steps|size) \d+ val_accuracy (\S+) time (\S+)s$", re.M)
 SURVIVORS = re.compile(r"the (\d+) survivors go on")
 
@@ -95,6 +99,20 @@ def script_for(mode: str) -> list:
     return ["examples/epochs_ripples.py", "--sync", mode]
 
 
+def _reaches_epoch_4(job: subprocess.Popen, log: Path, retry: bool) -> bool:
+    """Wait until the job prints epoch 4. False when its launch failed (a daemon did not
+    report back, nothing trained) and ``retry``; any other end raises."""
+    while not re.search(r"^epoch 4 ", log.read_text(errors="replace"), re.M):
+        if job.poll() is not None or time.time() - log.stat().st_mtime > 180:
+            output = log.read_text(errors="replace")
+            if retry and job.poll() is not None and "failed to report back" in output \
+                    and not EPOCH.search(output):
+                return False
+            raise RuntimeError(f"the job ended or stalled before epoch 4:\n{output[-3000:]}")
+        time.sleep(0.05)
+    return True
+
+
 def one_run(case: str, mode: str, log: Path) -> dict:
     for host in HOSTS:
         nc("exec", host, "rm", "-f", CHECKPOINT)
@@ -102,23 +120,28 @@ def one_run(case: str, mode: str, log: Path) -> dict:
                "-np", "8", "-H", ",".join(f"{h}:2" for h in HOSTS), "--timeout", str(TIMEOUT_S),
                "--compute-ms", "20", *(["--fault-tolerant"] if case != "kill" else []),
                sys.executable, *script_for(mode), "--epochs", "40", "--checkpoint", CHECKPOINT]
-    with open(log, "w") as out:
-        job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                               env=job_env(), start_new_session=True)
+    launches, job = 0, None
     try:
-        while not re.search(r"^epoch 4 ", log.read_text(errors="replace"), re.M):
-            if job.poll() is not None or time.time() - log.stat().st_mtime > 180:
-                raise RuntimeError(f"the job ended or stalled before epoch 4:\n"
-                                   f"{log.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.05)
+        while True:  # the emulated cluster now and then fails a launch (recorded, retried)
+            launches += 1
+            with open(log, "w") as out:
+                job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                       env=job_env(), start_new_session=True)
+            if _reaches_epoch_4(job, log, retry=launches == 1):
+                break
+            time.sleep(2)
         lost_netns = network_namespace(LOST)
         lost_ranks = ranks_in(lost_netns)
         nc(*LOSE[case])
         lost_at = time.time()
+        if case == "heal":
+            time.sleep(HEAL_AFTER_S)
+            nc("heal", LOST)
         # frozen ranks never end by themselves: the job's end ends them
-        while case != "freeze" and ranks_in(lost_netns) and time.time() - lost_at < 120:
+        while case not in ("freeze", "heal") and ranks_in(lost_netns) and \
+                time.time() - lost_at < 120:
             time.sleep(0.1)
-        gone_after = time.time() - lost_at if case != "freeze" else None
+        gone_after = time.time() - lost_at if case not in ("freeze", "heal") else None
         try:
             code = job.wait(timeout=120)
             ended_after = time.time() - lost_at
@@ -126,7 +149,7 @@ def one_run(case: str, mode: str, log: Path) -> dict:
             code, ended_after = None, None
         outlived_the_job = ranks_in(lost_netns)
     finally:
-        if job.poll() is None:
+        if job is not None and job.poll() is None:
             subprocess.run(["kill", "-9", f"-{job.pid}"], capture_output=True)
         nc("heal", LOST, check=False)
         for host in HOSTS:
@@ -136,18 +159,27 @@ def one_run(case: str, mode: str, log: Path) -> dict:
     durations = [b[2] - a[2] for a, b in zip(epochs, epochs[1:])]
     survivors = SURVIVORS.findall(output)
     result = {"case": case, "mode": mode, "exit_status": code, "lost_ranks": len(lost_ranks),
+              "launches": launches,
               "epochs_printed": len(epochs), "last_epoch": epochs[-1][0] if epochs else None,
               "final_accuracy": epochs[-1][1] if epochs else None,
               "stall_s": (max(durations) - statistics.median(durations)) if durations else None,
               "lost_host_ranks_gone_after_s": gone_after, "job_ended_after_s": ended_after,
               "lost_host_ranks_outlived_the_job": len(outlived_the_job),
               "survivor_world_sizes": sorted({int(n) for n in survivors}),
+              "recovered_losing_nobody": "was lost (" in output,
               "names_lost_host": f"host(s) {LOST} were lost" in output
               or f"(on {LOST})" in output,
               "checkpoint_on": checkpoints(),
               "tracebacks": output.count("Traceback")}
     bound = TIMEOUT_S + 5
-    if case != "kill":
+    if case == "heal":
+        result["bars"] = {
+            "all 8 ranks finish the 40 epochs as one world, exit status 0":
+                result["last_epoch"] == 39 and not survivors and code == 0,
+            f"stall <= the cut + 5 s ({HEAL_AFTER_S + 5:g} s)":
+                result["stall_s"] is not None and result["stall_s"] <= HEAL_AFTER_S + 5,
+            "checkpoints on h1 only": result["checkpoint_on"] == ["h1"]}
+    elif case != "kill":
         result["bars"] = {
             "the 6 others finish the 40 epochs as a 6-rank world, exit status 0":
                 result["last_epoch"] == 39 and result["survivor_world_sizes"] == [6]
@@ -169,8 +201,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--cases",
-                        default="cut:ripples,cut:adpsgd,cut:elastic,freeze:ripples,kill:ripples",
-                        help="CASE:MODE pairs (cases: cut, freeze, kill, kill-ft; modes: "
+                        default="cut:ripples,cut:adpsgd,cut:elastic,freeze:ripples,kill:ripples,"
+                                "heal:ripples",
+                        help="CASE:MODE pairs (cases: cut, freeze, kill, heal, kill-ft; modes: "
                              "ripples, adpsgd, allreduce (not elastic: the survivors raise), "
                              "elastic (examples/epochs_elastic.py))")
     parser.add_argument("--json", help="write the results here")

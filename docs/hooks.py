@@ -89,8 +89,9 @@ COLUMNS = {
                 "push_bytes_per_sample", "final_accuracy"],
     "ps_epsp": ["scenario", "row", "time_to_target_s", "throughput_samples_per_s",
                 "push_bytes_per_sample", "final_accuracy"],
-    "host_faults_4x2": ["case", "mode", "exit_status", "last_epoch", "stall_s",
-                        "lost_host_ranks_gone_after_s", "job_ended_after_s", "final_accuracy"],
+    "host_faults": ["case", "mode", "exit_status", "last_epoch", "stall_s",
+                    "lost_host_ranks_gone_after_s", "job_ended_after_s", "final_accuracy",
+                    "recovered_losing_nobody"],
     "ps_psld": ["row", "iter_ms_median", "load_max_over_mean", "migrations", "rollbacks"],
     # a repeated sweep's medians (its "rows"), else one run per row (its "table")
     "ps_sweep": ["ratio", "slow_workers", "row", "runs", "final_count", "steps_per_s",
@@ -174,7 +175,7 @@ def ps_api() -> str:
 
 def _family(name: str) -> str:
     for prefix in ("epochs", "train", "step", "collectives", "groups", "latency_after_idle",
-                   "sim", "ps_heterogeneous", "ps_casp", "ps_epsp", "ps_psld"):
+                   "sim", "ps_heterogeneous", "ps_casp", "ps_epsp", "ps_psld", "host_faults"):
         if name.startswith(prefix):
             return prefix
     return name[:-len(".json")]

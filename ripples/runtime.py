@@ -231,10 +231,17 @@ class Runtime:
             self.generation += 1
             for rebuild in list(self.rebuild_hooks):
                 rebuild()
-            failure = RanksFailedError(
-                f"rank(s) {failed} of the {old_size}-rank world {how} ({error}); the "
-                f"{self.size} survivors go on: this rank was {old_rank}, now {self.rank}",
-                failed=failed, size=self.size, rank=self.rank, generation=self.generation)
+            if failed:
+                found = (f"rank(s) {failed} of the {old_size}-rank world {how} ({error}); the "
+                         f"{self.size} survivors go on: this rank was {old_rank}, now "
+                         f"{self.rank}")
+            else:  # e.g. a network cut that healed between the timeout and the round
+                found = (f"no rank of the {old_size}-rank world was lost ({error}): every "
+                         "rank answered the membership round (a network cut that healed, or "
+                         f"a rank slow to answer); all {self.size} go on in a new world: "
+                         f"this rank is {self.rank}")
+            failure = RanksFailedError(found, failed=failed, size=self.size, rank=self.rank,
+                                       generation=self.generation)
             self.last_failure = failure
             log.warning("%s", failure)
         for callback in list(_reset_callbacks):
