@@ -18,26 +18,23 @@ from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-_PRUNE_AT = 32  # pending requests kept before finished ones are looked for
+_MIN_PRUNE_AT = 32  # pending requests kept before finished ones are looked for
 _lock = threading.Lock()
 _pending: List[Tuple[MPI.Request, Sequence[Any]]] = []
+_prune_at = _MIN_PRUNE_AT  # twice what the last look left: sends that never complete (to a
+                           # silent peer) do not make every call look through them all
 
 
 def keep_until_complete(*requests: MPI.Request, buffers: Sequence[Any] = ()) -> None:
     """Let ``requests`` (sends, or a collective this rank gave up waiting for) complete in
     the background, keeping ``buffers`` (the arrays they read or write) alive until then.
     The caller must not use the requests again: another thread may test them."""
+    global _prune_at
     with _lock:
-        if len(_pending) >= _PRUNE_AT:
+        if len(_pending) >= _prune_at:
             _pending[:] = [kept for kept in _pending if not _finished(kept[0])]
+            _prune_at = max(_MIN_PRUNE_AT, 2 * len(_pending))
         _pending.extend((request, buffers) for request in requests)
-
-
-def pending() -> int:
-    """How many kept requests have not been seen to complete."""
-    with _lock:
-        _pending[:] = [kept for kept in _pending if not _finished(kept[0])]
-        return len(_pending)
 
 
 def _finished(request: MPI.Request) -> bool:
