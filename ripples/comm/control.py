@@ -255,6 +255,9 @@ def _follow(ctl, mine: Record, leader: int, what, timeout_s, stall_s, idle) -> D
                              tag=_TAG_RECORD)
         outbox.keep_until_complete(send, withdraw)
         raise
+    except BaseException:
+        outbox.keep_until_complete(send)
+        raise
     send.Wait()
     return _decision(reply, mine)
 

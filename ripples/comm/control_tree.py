@@ -317,6 +317,9 @@ def _await_decision(ctl, parent, attempt, hashed, wait_s, stall_s, idle, describ
         now = _now_ms()
         _send(ctl, (_WITHDRAW, attempt, hashed, 0, 0, now, now), parent, _TAG_UP)
         raise
+    except BaseException:
+        outbox.withdraw(request[0], buffers=(buffer,))
+        raise
     return answer[0]
 
 

@@ -272,7 +272,11 @@ class Liveness:
         while self._comm.iprobe(source=peer, tag=_PONG):
             answer = _decoded(self._comm, peer, _PONG)
             if answer is not None and answer[0] == sequence:
-                return PeerState(*answer[1])
+                try:
+                    return PeerState(*answer[1])
+                except TypeError as error:  # not an answer after all: dropped
+                    log.warning("ripples liveness: dropped an unreadable answer from rank "
+                                "%d: %s", peer, error)
         return None
 
     def _warn(self, error: RipplesTimeoutError, verdict: Verdict,
@@ -306,6 +310,9 @@ class Liveness:
                     (sequence, tuple(self.state(asker_waited_s))), dest=source, tag=_PONG))
             except MPI.Exception:  # a peer died mid-message: the others still get answers
                 self._closing.wait(_RESPONDER_NAP_S)
+            except Exception as error:  # a rank whose responder stopped would look dead
+                log.warning("ripples liveness: dropped a question it could not answer: %s",
+                            error)
 
     def on_hosts(self, ranks: Sequence[int]) -> str:
         """`` (on h2, h3)``: the hosts of world ``ranks``, to name a lost host."""

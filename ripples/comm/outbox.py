@@ -37,8 +37,23 @@ def keep_until_complete(*requests: MPI.Request, buffers: Sequence[Any] = ()) -> 
         _pending.extend((request, buffers) for request in requests)
 
 
-def _finished(request: MPI.Request) -> bool:
+def withdraw(*receives: MPI.Request, buffers: Sequence[Any] = ()) -> None:
+    """Cancel ``receives`` this rank no longer waits for, and keep them, and ``buffers``
+    (where a message matched before the cancel still lands), until they complete. Not for
+    receives from any source: after a death such a receive fails and stays pending."""
     from mpi4py import MPI  # here: importing this module must not initialize MPI
+    for request in receives:
+        try:
+            request.Cancel()
+        except MPI.Exception:  # complete already, or its peer died
+            pass
+    keep_until_complete(*receives, buffers=buffers)
+
+
+def _finished(request: MPI.Request) -> bool:
+    from mpi4py import MPI
+    if MPI.Is_finalized():
+        return True
     try:
         return request.Test()
     except MPI.Exception:  # its peer died (fault tolerant): MPI uses the buffers no more

@@ -221,9 +221,11 @@ class BucketReducer:
             lambda: others, self._rt.liveness)
         try:
             poll_until(request.Test, deadline)
-        except RipplesTimeoutError as exc:
+        except BaseException as exc:
             # MPI still uses both arrays: the members that come late complete it.
             outbox.keep_until_complete(request, buffers=(record, summed))
+            if not isinstance(exc, RipplesTimeoutError):
+                raise
             missing = self._absent_members()
             raise RipplesTimeoutError(
                 f"{self.what} of {self._describe(0)} (step {self.epoch}) on group "
@@ -257,6 +259,7 @@ class BucketReducer:
         for send in sends:
             if not send.Test():
                 send.Cancel()
+        outbox.keep_until_complete(*sends)  # a cancel must complete too (buffers in use)
         return [self.group[i] for i in others if i not in heard]
 
     def _reduce(self, index: int) -> None:
@@ -369,6 +372,10 @@ class BucketReducer:
                 return
         if self.broken is None and self._join_request is None and self.comm != MPI.COMM_NULL:
             self.comm.Free()
+        if self._join_request is not None:  # a member left mid-join: MPI may still use these
+            outbox.keep_until_complete(self._join_request,
+                                       buffers=(self._joined_record, self._join_out))
+            self._join_request = None
         self.comm = MPI.COMM_NULL
 
 

@@ -44,6 +44,7 @@ import torch
 from mpi4py import MPI
 
 from ripples import runtime as _runtime
+from ripples.comm import outbox
 from ripples.comm.mpi import Deadline, poll_until
 from ripples.core.config import Config
 from ripples.core.errors import RipplesError
@@ -124,6 +125,12 @@ class Lane:
         for index, member in enumerate(self.group):
             if member in self.others:
                 self._notes.append(self.comm.isend(self.step, dest=index, tag=_TAG_WAITING))
+
+    def hand_over_notes(self) -> None:
+        """Leave the notes still on their way to the outbox (closing: a peer may take them
+        later, and MPI reads their buffers until then)."""
+        outbox.keep_until_complete(*self._notes)
+        self._notes = []
 
     def absent(self, listen_s: float = _LISTEN_S) -> List[int]:
         """The members that have not said they wait in this round (listening ``listen_s``)."""
@@ -300,6 +307,7 @@ class Lanes:
             lane.broken = True  # plans still holding it must not call it
             if lane is not _OFF and not lane.busy:
                 library().rl_lane_free(lane.handle)
+            lane.hand_over_notes()
         self._by_group.clear()
 
 

@@ -68,11 +68,13 @@ class ProcessSet:
             if self._generation is None:
                 self._generation = rt.generation
             elif self._generation != rt.generation:
-                died = list(rt.last_failure.failed) if rt.last_failure is not None else "some"
+                failed = list(rt.last_failure.failed) if rt.last_failure is not None else None
+                change = (f"rank(s) {failed} died" if failed else "a recovery" if
+                          failed is not None else "rank(s) died")
                 ranks = list(self._ranks) if self._ranks is not None else "of a communicator"
                 raise ValueError(
                     f"process set {self.process_set_id} (ranks {ranks}) was made for the "
-                    f"world before rank(s) {died} died "
+                    f"world before {change} "
                     f"(on rank {rt.rank}); its ranks are that world's, and the survivors have "
                     "new ranks. remove_process_set() it and add the set again with ranks of "
                     "the current world (an hvd.on_reset callback is the place)")

@@ -30,6 +30,7 @@ from typing import Callable, List, NamedTuple, Sequence
 import torch
 from mpi4py import MPI
 
+from ripples.comm import outbox
 from ripples.comm.mpi import Deadline, as_buffer, wait_all
 from ripples.ops.half_allreduce import chunks
 
@@ -98,7 +99,10 @@ class PeerRing:
                     lambda: f"group all-reduce on {self.group}, ring step {number + 1} of "
                             f"{steps} (rank {self.rank})", sorted({preceding, following})))
             except BaseException:
-                _cancel(requests)
+                # The step gave up: its receive must not land later in a buffer reused by
+                # then, and MPI may still read what it sends.
+                outbox.withdraw(requests[0], buffers=(receive,))
+                outbox.keep_until_complete(requests[1], buffers=(send,))
                 raise
 
         combine = next(function for op, function in _COMBINE if op == operation)
@@ -126,16 +130,3 @@ def ring_allreduce_(buffer: torch.Tensor, position: int, size: int,
         exchange(number, pieces[step.send], into)
         if step.reduce:
             combine(target, into, out=target)
-
-
-def _cancel(requests: Sequence[MPI.Request]) -> None:
-    """Withdraw the receive of a step that gave up (it must not write into a buffer that is
-    reused later) and let go of the send (MPI finishes or drops it)."""
-    receive, send = requests
-    for request, cancel in ((receive, True), (send, False)):
-        try:
-            if cancel:
-                request.Cancel()
-            request.Free()
-        except MPI.Exception:  # already complete, or the communicator is broken
-            pass

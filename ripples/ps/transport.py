@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..comm import failures
+from ..comm import failures, outbox
 from ..comm.mpi import Deadline, wait_all
 from ..core.errors import RipplesError, RipplesTimeoutError
 
@@ -129,8 +129,7 @@ def receive(comm, source: int, tag: int, pool: BufferPool, timeout_s: float,
     try:
         wait_all(requests, deadline)  # a dead sender raises its own error class
     except RipplesTimeoutError:
-        for request in requests:
-            request.Cancel()
+        outbox.withdraw(*requests, buffers=(buffer,))
         raise
     return header, buffer
 

@@ -73,12 +73,6 @@ def _average_into(own: torch.Tensor, other: torch.Tensor) -> None:
         own.add_(other.to(own.device)).mul_(0.5)
 
 
-def _cancel(requests: Sequence[MPI.Request]) -> None:
-    for request in requests:
-        if request != MPI.REQUEST_NULL:
-            request.Cancel()
-
-
 def exchange(comm: MPI.Comm, rank: int, partner: int, tensors: List[torch.Tensor], index: int,
              timeout_s: float, stall_s: float, doorbell: Optional[Doorbell] = None,
              liveness=None) -> None:
@@ -110,8 +104,8 @@ def exchange(comm: MPI.Comm, rank: int, partner: int, tensors: List[torch.Tensor
         replies = [comm.Irecv(as_buffer(h), partner, TAG_AVERAGE) for h in hosts]
         wait_all(replies, deadline)
     except RipplesTimeoutError:
-        _cancel(replies)
-        outbox.keep_until_complete(*sends)  # the header may still be on its way
+        outbox.withdraw(*replies, buffers=(status, hosts))
+        outbox.keep_until_complete(*sends, buffers=(header,))  # may still be on its way
         raise
     for tensor, host in zip(tensors, hosts):
         if host is not tensor:
@@ -267,7 +261,12 @@ class Responder:
         if not agreed:
             self._refuse(source, count, deadline)
             return
-        wait_all([self.comm.Irecv(as_buffer(t), source, TAG_DATA) for t in theirs], deadline)
+        receives = [self.comm.Irecv(as_buffer(t), source, TAG_DATA) for t in theirs]
+        try:
+            wait_all(receives, deadline)
+        except RipplesTimeoutError:
+            outbox.withdraw(*receives, buffers=(theirs,))
+            raise
         with self.lock:
             tensors = self._tensors()  # as laid out now (a step may have laid them out anew)
             if layout != layout_of(tensors) or count != len(tensors):
