@@ -53,3 +53,16 @@ def test_sends_that_never_complete_are_not_all_tested_at_every_call():
     # Looking through everything at each call would test the 100 stuck ones 100 times.
     assert Request.tests < 1000, Request.tests
     assert all(any(kept is request for kept, _ in outbox._pending) for request in stuck)
+
+
+def test_withdraw_cancels_each_receive_and_keeps_it_with_its_buffers():
+    class Receive(Request):
+        cancelled = False
+
+        def Cancel(self):
+            self.cancelled = True
+
+    receives, buffer = [Receive(), Receive()], np.zeros(2)
+    outbox.withdraw(*receives, buffers=(buffer,))
+    assert all(r.cancelled for r in receives)
+    assert [(kept, held) for kept, held in outbox._pending] == [(r, (buffer,)) for r in receives]

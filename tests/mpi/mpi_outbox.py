@@ -57,3 +57,24 @@ def test_a_collective_given_up_on_completes_with_its_buffers_intact():
         assert np.all(result == 6.0), np.unique(result)
     comm.Barrier()
     comm.Free()
+
+
+def test_a_withdrawn_receive_leaves_the_late_message_to_the_next_one():
+    """Rank 0 gives up a receive before rank 1 sends: withdrawn, it takes nothing, and the
+    message arrives whole at rank 0's next receive."""
+    comm = MPI.COMM_WORLD.Dup()
+    late = np.arange(BIG, dtype=np.float64)
+    if comm.rank == 0:
+        given_up = np.zeros(BIG)
+        outbox.withdraw(comm.Irecv(given_up, source=1, tag=5), buffers=(given_up,))
+        comm.Barrier()  # rank 1 sends only now
+        received = np.zeros(BIG)
+        comm.Recv(received, source=1, tag=5)
+        assert np.array_equal(received, late)
+        assert not given_up.any()
+    elif comm.rank == 1:
+        comm.Barrier()
+        comm.Send(late, dest=0, tag=5)
+    else:
+        comm.Barrier()
+    comm.Free()
