@@ -66,3 +66,16 @@ def test_withdraw_cancels_each_receive_and_keeps_it_with_its_buffers():
     outbox.withdraw(*receives, buffers=(buffer,))
     assert all(r.cancelled for r in receives)
     assert [(kept, held) for kept, held in outbox._pending] == [(r, (buffer,)) for r in receives]
+
+
+def test_release_completed_frees_the_buffers_of_completed_requests_only():
+    done, pending = Request(done=True), Request()
+    done_buffer, pending_buffer = np.zeros(2), np.zeros(2)
+    freed = weakref.ref(done_buffer)
+    outbox.keep_until_complete(done, buffers=(done_buffer,))
+    outbox.keep_until_complete(pending, buffers=(pending_buffer,))
+    del done_buffer
+    outbox.release_completed()
+    gc.collect()
+    assert freed() is None
+    assert [kept for kept, _ in outbox._pending] == [pending]

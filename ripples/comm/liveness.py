@@ -51,6 +51,7 @@ log = logging.getLogger("ripples")
 
 _PING, _PONG = 41, 42
 _RESPONDER_NAP_S = 0.02
+_NAPS_PER_RELEASE = 50  # about a second between looks at the outbox
 OUTSIDE = -1.0  # PeerState.inside_s of a peer that is not waiting inside ripples
 NEVER = -1.0    # PeerState.justified_s of a peer whose wait was never found justified
 
@@ -295,11 +296,15 @@ class Liveness:
 
     def _respond(self) -> None:
         status = MPI.Status()
+        naps = 0
         while not self._closing.is_set():
             try:
                 self._main_thread.sample()
                 if not self._comm.iprobe(source=MPI.ANY_SOURCE, tag=_PING, status=status):
                     self._closing.wait(_RESPONDER_NAP_S)
+                    naps += 1
+                    if naps % _NAPS_PER_RELEASE == 0:
+                        outbox.release_completed()  # what ended: buffers no one else frees
                     continue
                 source = status.Get_source()
                 question = _decoded(self._comm, source, _PING)

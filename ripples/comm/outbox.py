@@ -29,12 +29,23 @@ def keep_until_complete(*requests: MPI.Request, buffers: Sequence[Any] = ()) -> 
     """Let ``requests`` (sends, or a collective this rank gave up waiting for) complete in
     the background, keeping ``buffers`` (the arrays they read or write) alive until then.
     The caller must not use the requests again: another thread may test them."""
-    global _prune_at
     with _lock:
         if len(_pending) >= _prune_at:
-            _pending[:] = [kept for kept in _pending if not _finished(kept[0])]
-            _prune_at = max(_MIN_PRUNE_AT, 2 * len(_pending))
+            _release_completed()
         _pending.extend((request, buffers) for request in requests)
+
+
+def release_completed() -> None:
+    """Drop the kept requests that have completed, and their buffers (which may be whole
+    models): call it now and then when nothing else would."""
+    with _lock:
+        _release_completed()
+
+
+def _release_completed() -> None:
+    global _prune_at
+    _pending[:] = [kept for kept in _pending if not _finished(kept[0])]
+    _prune_at = max(_MIN_PRUNE_AT, 2 * len(_pending))
 
 
 def withdraw(*receives: MPI.Request, buffers: Sequence[Any] = ()) -> None:
