@@ -21,6 +21,10 @@ and, once rank 0 has printed epoch 4, loses host h3 (ranks 4 and 5):
   ends the job).
 * ``kill`` (without it): every process of h3 is killed. The job must end non-zero within
   15 s and name h3.
+* ``rank-raise`` and ``rank-stop`` (without it, MODE ``ripples``): not a host but one of
+  its ranks (rank 5) misbehaves at the end of epoch 5 (``benchmarks/harness/inject_fault.py``
+  wraps the script): an uncaught error, or the process stops (SIGSTOP). The job must end
+  non-zero naming rank 5, within 15 s of an error and timeout + 5 s of a stop.
 * ``heal`` (with ``--fault-tolerant``): h3's cable is pulled and put back 2 s later, well
   within the timeout. All 8 ranks must finish the 40 epochs as one world, stalling at most
   the cut + 5 s.
@@ -43,6 +47,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.launch import job_env, netcluster  # noqa: E402
@@ -56,6 +61,8 @@ CHECKPOINT = "/dev/shm/ckpt.pt"
 LOSE = {"cut": ("cut", LOST), "freeze": ("kill", LOST, "STOP"), "kill": ("kill", LOST),
         "kill-ft": ("kill", LOST), "heal": ("cut", LOST)}
 HEAL_AFTER_S = 2.0  # the ``heal`` case's cut: well within the timeout
+RANK_FAULTS = {"rank-raise": "raise", "rank-stop": "stop"}  # one rank, not a host
+FAULT_RANK = 5  # on h3
 EPOCH = re.compile(r"^epoch (\d+) (?:steps|size) \d+ val_accuracy (\S+) time (\S+)s$", re.M)
 SURVIVORS = re.compile(r"the (\d+) survivors go on")
 
@@ -113,23 +120,82 @@ def _reaches_epoch_4(job: subprocess.Popen, log: Path, retry: bool) -> bool:
     return True
 
 
+def _launch(command: list, log: Path, extra_env: Optional[dict] = None):
+    """Start the job and wait until it prints epoch 4: ``(job, launches)``. The emulated
+    cluster now and then fails a launch: retried once, and counted. On any error the job is
+    ended here."""
+    launches = 0
+    while True:
+        launches += 1
+        with open(log, "w") as out:
+            job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                   env=job_env(extra_env), start_new_session=True)
+        try:
+            if _reaches_epoch_4(job, log, retry=launches == 1):
+                return job, launches
+        except BaseException:
+            _end(job)
+            raise
+        time.sleep(2)
+
+
+def _end(job: subprocess.Popen) -> None:
+    if job.poll() is None:
+        subprocess.run(["kill", "-9", f"-{job.pid}"], capture_output=True)
+
+
+def _ripplesrun(*options: str) -> list:
+    return [netcluster(), "exec", "h1", str(Path(sys.executable).parent / "ripplesrun"),
+            "-np", "8", "-H", ",".join(f"{h}:2" for h in HOSTS), "--timeout", str(TIMEOUT_S),
+            "--compute-ms", "20", *options]
+
+
+def rank_run(case: str, log: Path) -> dict:
+    """One rank of h3 (rank 5) misbehaves at the end of epoch 5, without
+    ``--fault-tolerant``: it raises an uncaught error, or it stops (SIGSTOP)."""
+    kind = RANK_FAULTS[case]
+    for host in HOSTS:
+        nc("exec", host, "rm", "-f", CHECKPOINT)
+    command = _ripplesrun("-x", "FAULT", "-x", "FAULT_RANK", "-x", "FAULT_AT", sys.executable,
+                          "benchmarks/harness/inject_fault.py", *script_for("ripples"),
+                          "--epochs", "40", "--checkpoint", CHECKPOINT)
+    fault_env = {"FAULT": kind, "FAULT_RANK": str(FAULT_RANK), "FAULT_AT": "6"}
+    job = None
+    try:
+        job, launches = _launch(command, log, fault_env)
+        try:
+            code, ended = job.wait(timeout=120), time.time()
+        except subprocess.TimeoutExpired:  # a hang: recorded, and every bar fails
+            code, ended = None, None
+    finally:
+        if job is not None:
+            _end(job)
+        for host in HOSTS:
+            nc("kill", host, check=False)
+    output = log.read_text(errors="replace")
+    fault = re.search(r"^FAULT \S+ on rank \d+ at ([\d.]+)$", output, re.M)
+    after = ended - float(fault.group(1)) if fault and ended is not None else None
+    named = (f"rank {FAULT_RANK} raised an uncaught RuntimeError" in output if kind == "raise"
+             else f"rank(s) [{FAULT_RANK}] (on {LOST})" in output)
+    bound = 15 if kind == "raise" else TIMEOUT_S + 5
+    epochs = EPOCH.findall(output)
+    return {"case": case, "mode": "ripples", "exit_status": code, "launches": launches,
+            "last_epoch": int(epochs[-1][0]) if epochs else None, "stall_s": None,
+            "lost_host_ranks_gone_after_s": None, "job_ended_after_s": after,
+            "names_the_rank": named, "checkpoint_on": checkpoints(),
+            "bars": {f"the job ends non-zero within {bound:g} s of the fault":
+                     code not in (0, None) and after is not None and after <= bound,
+                     f"rank {FAULT_RANK} is named": named}}
+
+
 def one_run(case: str, mode: str, log: Path) -> dict:
     for host in HOSTS:
         nc("exec", host, "rm", "-f", CHECKPOINT)
-    command = [netcluster(), "exec", "h1", str(Path(sys.executable).parent / "ripplesrun"),
-               "-np", "8", "-H", ",".join(f"{h}:2" for h in HOSTS), "--timeout", str(TIMEOUT_S),
-               "--compute-ms", "20", *(["--fault-tolerant"] if case != "kill" else []),
-               sys.executable, *script_for(mode), "--epochs", "40", "--checkpoint", CHECKPOINT]
-    launches, job = 0, None
+    command = _ripplesrun(*(["--fault-tolerant"] if case != "kill" else []), sys.executable,
+                          *script_for(mode), "--epochs", "40", "--checkpoint", CHECKPOINT)
+    job = None
     try:
-        while True:  # the emulated cluster now and then fails a launch (recorded, retried)
-            launches += 1
-            with open(log, "w") as out:
-                job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                       env=job_env(), start_new_session=True)
-            if _reaches_epoch_4(job, log, retry=launches == 1):
-                break
-            time.sleep(2)
+        job, launches = _launch(command, log)
         lost_netns = network_namespace(LOST)
         lost_ranks = ranks_in(lost_netns)
         nc(*LOSE[case])
@@ -149,8 +215,8 @@ def one_run(case: str, mode: str, log: Path) -> dict:
             code, ended_after = None, None
         outlived_the_job = ranks_in(lost_netns)
     finally:
-        if job is not None and job.poll() is None:
-            subprocess.run(["kill", "-9", f"-{job.pid}"], capture_output=True)
+        if job is not None:
+            _end(job)
         nc("heal", LOST, check=False)
         for host in HOSTS:
             nc("kill", host, check=False)
@@ -202,8 +268,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--cases",
                         default="cut:ripples,cut:adpsgd,cut:elastic,freeze:ripples,kill:ripples,"
-                                "heal:ripples",
-                        help="CASE:MODE pairs (cases: cut, freeze, kill, heal, kill-ft; modes: "
+                                "heal:ripples,rank-raise:ripples,rank-stop:ripples",
+                        help="CASE:MODE pairs (cases: cut, freeze, kill, heal, kill-ft, "
+                             "rank-raise, rank-stop (ripples only); modes: "
                              "ripples, adpsgd, allreduce (not elastic: the survivors raise), "
                              "elastic (examples/epochs_elastic.py))")
     parser.add_argument("--json", help="write the results here")
@@ -217,7 +284,7 @@ def main() -> int:
             for pair in args.cases.split(","):
                 case, mode = pair.split(":")
                 log = Path(args.logs) / f"{case}_{mode}_{repeat}.log"
-                run = one_run(case, mode, log)
+                run = rank_run(case, log) if case in RANK_FAULTS else one_run(case, mode, log)
                 run["log"] = str(log)
                 runs.append(run)
                 failed = [name for name, ok in run["bars"].items() if not ok]

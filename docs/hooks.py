@@ -91,7 +91,7 @@ COLUMNS = {
                 "push_bytes_per_sample", "final_accuracy"],
     "host_faults": ["case", "mode", "exit_status", "last_epoch", "stall_s",
                     "lost_host_ranks_gone_after_s", "job_ended_after_s", "final_accuracy",
-                    "recovered_losing_nobody"],
+                    "recovered_losing_nobody", "names_the_rank"],
     "ps_psld": ["row", "iter_ms_median", "load_max_over_mean", "migrations", "rollbacks"],
     # a repeated sweep's medians (its "rows"), else one run per row (its "table")
     "ps_sweep": ["ratio", "slow_workers", "row", "runs", "final_count", "steps_per_s",
