@@ -15,23 +15,30 @@ import time
 
 import ripples.torch as hvd
 
-KIND, RANK, AT = os.environ["FAULT"], int(os.environ["FAULT_RANK"]), int(os.environ["FAULT_AT"])
-_average_model = hvd.average_model
-_calls = 0
+
+def faulty(average_model, kind: str, rank: int, at: int):
+    """``average_model`` that misbehaves as ``kind`` on ``rank`` at its ``at``-th call."""
+    calls = 0
+
+    def wrapped(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if hvd.rank() == rank and calls == at:
+            print(f"FAULT {kind} on rank {rank} at {time.time():.3f}", flush=True)
+            if kind == "raise":
+                raise RuntimeError("an error in the training script")
+            if kind == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+        return average_model(*args, **kwargs)
+    return wrapped
 
 
-def average_model(*args, **kwargs):
-    global _calls
-    _calls += 1
-    if hvd.rank() == RANK and _calls == AT:
-        print(f"FAULT {KIND} on rank {RANK} at {time.time():.3f}", flush=True)
-        if KIND == "raise":
-            raise RuntimeError("an error in the training script")
-        if KIND == "stop":
-            os.kill(os.getpid(), signal.SIGSTOP)
-    return _average_model(*args, **kwargs)
+def main() -> None:
+    hvd.average_model = faulty(hvd.average_model, os.environ["FAULT"],
+                               int(os.environ["FAULT_RANK"]), int(os.environ["FAULT_AT"]))
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
 
 
-hvd.average_model = average_model
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
+if __name__ == "__main__":
+    main()
