@@ -52,8 +52,12 @@ optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentu
 scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
 
 start_epoch = 0
-if os.path.exists(args.checkpoint):  # resume: rank 0 saved it, every rank loads it
-    state = torch.load(args.checkpoint)
+# Resume: rank 0 saved the checkpoint, so rank 0 reads it and every rank gets it from rank 0
+# (no shared file system needed across hosts).
+state = torch.load(args.checkpoint) if hvd.rank() == 0 and os.path.exists(args.checkpoint) \
+    else None
+state = hvd.broadcast_object(state, root_rank=0, name="checkpoint")
+if state is not None:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])

@@ -12,12 +12,22 @@ from mpi_launch import REPO_DIR, TESTS_DIR, run_mpi
 SHIMS = str(TESTS_DIR / "shims")
 
 
-def run_example(script, tmp_path, epochs, env=None, args=()):
+def run_example(script, tmp_path, epochs, env=None, args=(), private_files=False):
+    """Run ``script`` on 2 ranks; ``private_files``: rank 1's checkpoint path is one where
+    nothing was saved, as on a host of its own without a shared file system."""
     env = dict(env or {})
     env["PYTHONPATH"] = os.pathsep.join([SHIMS, str(REPO_DIR)])
-    result = run_mpi([sys.executable, str(REPO_DIR / "examples" / script), "--epochs",
-                      str(epochs), "--checkpoint", str(tmp_path / "checkpoint.pt"), *args], 2,
-                     timeout=180, env=env)
+
+    def command(checkpoint):
+        return [sys.executable, str(REPO_DIR / "examples" / script), "--epochs", str(epochs),
+                "--checkpoint", str(checkpoint), *args]
+
+    if private_files:  # one rank per program: mpiexec -n 1 A : -n 1 B
+        argv = [*command(tmp_path / "checkpoint.pt"), ":", "-n", "1",
+                *command(tmp_path / "elsewhere" / "checkpoint.pt")]
+        result = run_mpi(argv, 1, timeout=180, env=env)
+    else:
+        result = run_mpi(command(tmp_path / "checkpoint.pt"), 2, timeout=180, env=env)
     return re.findall(r"^epoch (\d+) steps (\d+) val_accuracy (\S+) time \S+s$", result.stdout, re.M)
 
 
@@ -33,7 +43,8 @@ def test_epoch_script_trains_saves_and_resumes(script, env, args, tmp_path):
     assert [int(e) for e, _, _ in first] == [0, 1, 2]
     assert float(first[-1][2]) > 0.85, first  # 10 classes: chance is 0.1
     assert (tmp_path / "checkpoint.pt").exists()
-    resumed = run_example(script, tmp_path, 4, env, args)
+    # Only rank 0 finds the checkpoint (no shared file system): rank 1 gets it from rank 0.
+    resumed = run_example(script, tmp_path, 4, env, args, private_files=True)
     assert [int(e) for e, _, _ in resumed] == [3]  # started after the saved epoch
     assert float(resumed[0][2]) > 0.85, resumed
 
