@@ -74,7 +74,9 @@ class Runtime:
         self.attach: Callable[["Runtime"], None] = lambda runtime: None
         self._recovery_lock = threading.Lock()
         self.last_failure: Optional[RanksFailedError] = None
-        # Silent ranks the survivors went on without (``recover``), described.
+        # Ranks the survivors went on without (``recover``), described: every one, and the
+        # silent ones (which may still run).
+        self.lost: List[str] = []
         self.left_behind: List[str] = []
         self._connect(comm)
         self.timeline = make_timeline(config.timeline, self.rank)
@@ -224,6 +226,9 @@ class Runtime:
                     "creation waits for a silent rank after one that failed for it (a rank "
                     "lost while its group made a communicator): the job is ended")):
                 survivors, failed, how = self._survivors(decision)
+                if failed:
+                    self.lost.append(f"rank(s) {failed} of the {old_size}-rank world"
+                                     f"{self.liveness.on_hosts(failed)}")
                 self.liveness.abandon()  # after the round: the others' probes needed it
                 self._connect(survivors)
             survivors.Free()
@@ -292,8 +297,12 @@ class Runtime:
         the communicators."""
         if self.engine is not None:
             self.engine.close()
-        if self.left_behind:  # no survivor exits while another still needs its messages
+        if self.lost:  # no survivor exits while another still needs its messages
             self.world.Barrier()
+            if self.rank == 0:  # every survivor got here: the job's result is theirs
+                fail_fast.say(f"{failures.FINISHED_WITHOUT} {'; '.join(self.lost)}" + (
+                    ", which may still run: the launcher ends them" if self.left_behind
+                    else ""))
         while self._closers:
             self._closers.pop()()
         self.stop_timeline()
@@ -358,7 +367,7 @@ def on_reset(callback: Callable[[], None]) -> None:
 
 def _exit_without_finalizing(runtime: Runtime) -> None:
     """At interpreter exit, after ``runtime`` left silent ranks behind: shut down (``close``
-    meets the other survivors), tell the launcher (rank 0), and end the process without
+    meets the other survivors and tells the launcher), and end the process without
     ``MPI_Finalize``, which would wait for the silent ranks."""
     status = 0
     try:
@@ -367,9 +376,6 @@ def _exit_without_finalizing(runtime: Runtime) -> None:
     except Exception as exc:  # noqa: BLE001 - exiting either way; say why it is not clean
         fail_fast.say(f"rank {runtime.rank} could not shut down cleanly: {exc}")
         status = 1
-    if runtime.rank == 0:
-        fail_fast.say(f"{failures.FINISHED_WITHOUT} {'; '.join(runtime.left_behind)}, which "
-                      "may still run: the launcher ends them")
     fail_fast.flush_streams()
     os._exit(status)
 

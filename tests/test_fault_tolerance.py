@@ -14,7 +14,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from mpi_launch import TESTS_DIR, run_mpi
+from mpi_launch import TESTS_DIR, mpi_env, run_mpi
 from ripples.comm import failures
 from ripples.core.errors import RanksFailedError
 from ripples.runner.job_process import _descendants
@@ -79,6 +79,22 @@ def test_a_rank_raising_leaves_as_a_dead_rank_and_the_survivors_finish():
     assert result.stdout.count("RuntimeError: an error in the training script on rank 2") == 1
     assert "rank 2 raised an uncaught RuntimeError and leaves the job as a dead rank" in \
         result.stdout, result.stdout
+
+
+def test_ripplesrun_exits_0_when_the_survivors_finish_without_a_rank_that_raised():
+    """Fault tolerant, the job's result is the survivors': rank 2 raises and leaves (its
+    status is 1), the two others finish, and ripplesrun says whom they finished without
+    and exits 0, as it does after leaving a silent rank behind."""
+    ripplesrun = str(Path(sys.executable).parent / "ripplesrun")
+    job = subprocess.run([ripplesrun, "-np", "3", "--fault-tolerant", sys.executable, SCRIPT,
+                          "decentralized", "generator", "2", "10", str(STEPS)],
+                         capture_output=True, text=True, timeout=180,
+                         env=mpi_env({"FT_TRAINING_RAISE": "1"}))
+    out = job.stdout + job.stderr
+    assert len([line for line in job.stdout.splitlines() if line.startswith("SURVIVOR")]) == 2
+    assert "the survivors finished without rank(s) [2] of the 3-rank world" in out, out
+    assert "which may still run" not in out, out  # it left: nobody is left behind
+    assert job.returncode == 0, out
 
 
 @pytest.mark.parametrize("schedule", ["generator", pytest.param("adpsgd", marks=long_run)])

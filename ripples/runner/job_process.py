@@ -125,9 +125,10 @@ def _run_once(argv: List[str], env: Dict[str, str],
               file=sys.stderr, flush=True)
         return code, report
     if code != 0 and report.survivors_finished:
-        # Ranks left behind stop with an error of their own; the job's result is the survivors'.
+        # Ranks that died, raised or were left behind end with an error of their own; fault
+        # tolerant, the job's result is the survivors'.
         print(f"ripplesrun: the survivors finished; mpiexec's status {code} comes from the "
-              "ranks left behind: exit status 0", file=sys.stderr, flush=True)
+              "ranks they went on without: exit status 0", file=sys.stderr, flush=True)
         return 0, report
     # A job killed by a signal reports -SIG; shells report 128 + SIG.
     code = 128 - code if code < 0 else code
