@@ -12,6 +12,7 @@ import time
 import pytest
 
 import ripples
+from ripples.comm import failures
 from ripples.runner import job_process, leftovers
 from ripples.runner.launch import (build_command, hostfile_slots, oversubscription_warning,
                                    parse_args, parse_env_spec, parse_hosts)
@@ -588,3 +589,26 @@ def test_output_is_drained_after_the_sink_closes(tmp_path):
     assert not writer.is_alive(), "the writer blocked: nothing read the pipe"
     assert not copier.is_alive()
     assert report.lost == ["h2"]
+
+
+def test_reports_that_come_in_one_long_read_are_all_taken_in():
+    """Several ranks' tracebacks can reach the copier in one read, longer than the window
+    it keeps: the departure that heads it still counts (it was cut off once, and a job
+    whose reachable ranks had all left was waited on for good)."""
+    def left_as_dead(rank):
+        return (f"ripples: {failures.LEFT_AS_DEAD} ({failures.LAUNCH_RANK} {rank}; fault "
+                "tolerant: the others go on)\n").encode()
+
+    read_end, write_end = os.pipe()
+    report = job_process.JobReport()
+    report.read(b"".join(f"(rank, host, exe, pid) = ({r}, h1, python, {100 + r})\n".encode()
+                         for r in range(3)))
+    report.read(f"ripples: {failures.LEFT_BEHIND} [2] (on h2)\n".encode())
+    copier = job_process.StreamCopier(os.fdopen(read_end, "rb"), None, report)
+    copier.start()
+    with os.fdopen(write_end, "wb") as source:  # one write, read at once
+        source.write(left_as_dead(0) + b"  File ...\n" * 3000 + left_as_dead(1))
+    copier.join(timeout=10)
+    assert report.left_as_dead == {0, 1}
+    assert report.nobody_left
+

@@ -215,6 +215,7 @@ class JobReport:
         self.interrupted = False  # Ctrl-C was forwarded to mpiexec
         self._start_failure_said = False
         self.local_ranks = LocalRanks(launcher)
+        self._lock = threading.Lock()
 
     @property
     def start_failed(self) -> bool:
@@ -241,7 +242,12 @@ class JobReport:
                 and time.monotonic() >= self.ending_at + ABORT_GRACE_S)
 
     def read(self, recent: bytes) -> None:
-        """Take in the latest output of one stream (enough to hold one whole report)."""
+        """Take in the latest output of one stream (enough to hold one whole report). Each
+        stream's copier calls it from its own thread."""
+        with self._lock:
+            self._read(recent)
+
+    def _read(self, recent: bytes) -> None:
         if self.ending_at is None and self._ABORT in recent:
             self.ending_at = time.monotonic()
         if self.ending_at is None and self._FINISHED_WITHOUT in recent:
@@ -308,5 +314,8 @@ class StreamCopier(threading.Thread):
                     sink.flush()
                 except OSError:
                     sink = None
-            recent = (recent + chunk)[-8192:]
-            self._report.read(recent)
+            # A report split across reads is whole in the window; a read longer than what
+            # is kept is read in full (several ranks' tracebacks can come in one).
+            window = recent + chunk
+            self._report.read(window)
+            recent = window[-8192:]
