@@ -47,56 +47,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness.launch import job_env, netcluster  # noqa: E402
+from harness.cluster_job import (CHECKPOINT, EPOCH, HOSTS, TIMEOUT_S, checkpoints,  # noqa: E402
+                                 end, launch, nc, network_namespace, ranks_in, ripplesrun)
 from harness.report import write_json  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-HOSTS = ["h1", "h2", "h3", "h4"]
 LOST = "h3"
-TIMEOUT_S = 5.0
-CHECKPOINT = "/dev/shm/ckpt.pt"
 LOSE = {"cut": ("cut", LOST), "freeze": ("kill", LOST, "STOP"), "kill": ("kill", LOST),
         "kill-ft": ("kill", LOST), "heal": ("cut", LOST)}
 HEAL_AFTER_S = 2.0  # the ``heal`` case's cut: well within the timeout
 RANK_FAULTS = {"rank-raise": "raise", "rank-stop": "stop"}  # one rank, not a host
 FAULT_RANK = 5  # on h3
-EPOCH = re.compile(r"^epoch (\d+) (?:steps|size) \d+ val_accuracy (\S+) time (\S+)s$", re.M)
 SURVIVORS = re.compile(r"the (\d+) survivors go on")
-
-
-def nc(*args, check=True) -> str:
-    return subprocess.run([netcluster(), *args], capture_output=True, text=True,
-                          check=check, timeout=60).stdout
-
-
-def network_namespace(host: str) -> str:
-    """``host``'s network namespace, as ``/proc/PID/ns/net`` names it."""
-    return nc("exec", host, "readlink", "/proc/self/ns/net").strip()
-
-
-def ranks_in(netns: str) -> list:
-    """The pids of the training script's processes in network namespace ``netns`` (the
-    cluster's hosts share one pid namespace)."""
-    found = subprocess.run(["pgrep", "-f", "examples/epochs_"], capture_output=True,
-                           text=True).stdout.split()
-    mine = []
-    for pid in found:
-        try:
-            if Path(f"/proc/{pid}/ns/net").readlink().as_posix() == netns:
-                mine.append(int(pid))
-        except OSError:
-            pass  # ended meanwhile
-    return mine
-
-
-def checkpoints() -> list:
-    """The hosts whose private ``/dev/shm`` holds the checkpoint."""
-    return [host for host in HOSTS
-            if subprocess.run([netcluster(), "exec", host, "test", "-e", CHECKPOINT],
-                              capture_output=True, timeout=60).returncode == 0]
 
 
 def script_for(mode: str) -> list:
@@ -106,70 +69,26 @@ def script_for(mode: str) -> list:
     return ["examples/epochs_ripples.py", "--sync", mode]
 
 
-def _reaches_epoch_4(job: subprocess.Popen, log: Path, retry: bool) -> bool:
-    """Wait until the job prints epoch 4. False when its launch failed (a daemon did not
-    report back, nothing trained) and ``retry``; any other end raises."""
-    while not re.search(r"^epoch 4 ", log.read_text(errors="replace"), re.M):
-        if job.poll() is not None or time.time() - log.stat().st_mtime > 180:
-            output = log.read_text(errors="replace")
-            if retry and job.poll() is not None and "failed to report back" in output \
-                    and not EPOCH.search(output):
-                return False
-            raise RuntimeError(f"the job ended or stalled before epoch 4:\n{output[-3000:]}")
-        time.sleep(0.05)
-    return True
-
-
-def _launch(command: list, log: Path, extra_env: Optional[dict] = None):
-    """Start the job and wait until it prints epoch 4: ``(job, launches)``. The emulated
-    cluster now and then fails a launch: retried once, and counted. On any error the job is
-    ended here."""
-    launches = 0
-    while True:
-        launches += 1
-        with open(log, "w") as out:
-            job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                   env=job_env(extra_env), start_new_session=True)
-        try:
-            if _reaches_epoch_4(job, log, retry=launches == 1):
-                return job, launches
-        except BaseException:
-            _end(job)
-            raise
-        time.sleep(2)
-
-
-def _end(job: subprocess.Popen) -> None:
-    if job.poll() is None:
-        subprocess.run(["kill", "-9", f"-{job.pid}"], capture_output=True)
-
-
-def _ripplesrun(*options: str) -> list:
-    return [netcluster(), "exec", "h1", str(Path(sys.executable).parent / "ripplesrun"),
-            "-np", "8", "-H", ",".join(f"{h}:2" for h in HOSTS), "--timeout", str(TIMEOUT_S),
-            "--compute-ms", "20", *options]
-
-
 def rank_run(case: str, log: Path) -> dict:
     """One rank of h3 (rank 5) misbehaves at the end of epoch 5, without
     ``--fault-tolerant``: it raises an uncaught error, or it stops (SIGSTOP)."""
     kind = RANK_FAULTS[case]
     for host in HOSTS:
         nc("exec", host, "rm", "-f", CHECKPOINT)
-    command = _ripplesrun("-x", "FAULT", "-x", "FAULT_RANK", "-x", "FAULT_AT", sys.executable,
+    command = ripplesrun("-x", "FAULT", "-x", "FAULT_RANK", "-x", "FAULT_AT", sys.executable,
                           "benchmarks/harness/inject_fault.py", *script_for("ripples"),
                           "--epochs", "40", "--checkpoint", CHECKPOINT)
     fault_env = {"FAULT": kind, "FAULT_RANK": str(FAULT_RANK), "FAULT_AT": "6"}
     job = None
     try:
-        job, launches = _launch(command, log, fault_env)
+        job, launches = launch(command, log, fault_env)
         try:
             code, ended = job.wait(timeout=120), time.time()
         except subprocess.TimeoutExpired:  # a hang: recorded, and every bar fails
             code, ended = None, None
     finally:
         if job is not None:
-            _end(job)
+            end(job)
         for host in HOSTS:
             nc("kill", host, check=False)
     output = log.read_text(errors="replace")
@@ -191,11 +110,11 @@ def rank_run(case: str, log: Path) -> dict:
 def one_run(case: str, mode: str, log: Path) -> dict:
     for host in HOSTS:
         nc("exec", host, "rm", "-f", CHECKPOINT)
-    command = _ripplesrun(*(["--fault-tolerant"] if case != "kill" else []), sys.executable,
+    command = ripplesrun(*(["--fault-tolerant"] if case != "kill" else []), sys.executable,
                           *script_for(mode), "--epochs", "40", "--checkpoint", CHECKPOINT)
     job = None
     try:
-        job, launches = _launch(command, log)
+        job, launches = launch(command, log)
         lost_netns = network_namespace(LOST)
         lost_ranks = ranks_in(lost_netns)
         nc(*LOSE[case])
@@ -216,7 +135,7 @@ def one_run(case: str, mode: str, log: Path) -> dict:
         outlived_the_job = ranks_in(lost_netns)
     finally:
         if job is not None:
-            _end(job)
+            end(job)
         nc("heal", LOST, check=False)
         for host in HOSTS:
             nc("kill", host, check=False)

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 from mpi4py import MPI
 
