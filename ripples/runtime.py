@@ -298,11 +298,17 @@ class Runtime:
         if self.engine is not None:
             self.engine.close()
         if self.lost:  # no survivor exits while another still needs its messages
-            self.world.Barrier()
-            if self.rank == 0:  # every survivor got here: the job's result is theirs
-                fail_fast.say(f"{failures.FINISHED_WITHOUT} {'; '.join(self.lost)}" + (
-                    ", which may still run: the launcher ends them" if self.left_behind
-                    else ""))
+            try:
+                self.world.Barrier()
+            except MPI.Exception as exc:
+                # Another survivor failed as it shut down: they did not all finish.
+                log.warning("ripples: rank %d: not every survivor shut down (%s)", self.rank,
+                            exc)
+            else:
+                if self.rank == 0:  # every survivor got here: the job's result is theirs
+                    fail_fast.say(f"{failures.FINISHED_WITHOUT} {'; '.join(self.lost)}" + (
+                        ", which may still run: the launcher ends them" if self.left_behind
+                        else ""))
         while self._closers:
             self._closers.pop()()
         self.stop_timeline()
