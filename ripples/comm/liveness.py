@@ -39,7 +39,7 @@ import re
 import socket
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
@@ -271,13 +271,9 @@ class Liveness:
         """``peer``'s answer to question ``sequence`` if it has come (older answers are
         dropped)."""
         while self._comm.iprobe(source=peer, tag=_PONG):
-            answer = _decoded(self._comm, peer, _PONG)
+            answer = _decoded(self._comm, peer, _PONG, _as_answer)
             if answer is not None and answer[0] == sequence:
-                try:
-                    return PeerState(*answer[1])
-                except TypeError as error:  # not an answer after all: dropped
-                    log.warning("ripples liveness: dropped an unreadable answer from rank "
-                                "%d: %s", peer, error)
+                return answer[1]
         return None
 
     def _warn(self, error: RipplesTimeoutError, verdict: Verdict,
@@ -307,7 +303,7 @@ class Liveness:
                         outbox.release_completed()  # what ended: buffers no one else frees
                     continue
                 source = status.Get_source()
-                question = _decoded(self._comm, source, _PING)
+                question = _decoded(self._comm, source, _PING, _as_question)
                 if question is None:
                     continue
                 sequence, asker_waited_s = question
@@ -347,15 +343,22 @@ class Liveness:
         self._comm.Free()
 
 
-def _decoded(comm: MPI.Comm, source: int, tag: int):
-    """The next message from ``source`` on ``tag``, unpickled; None (logged) if it is not a
-    valid message. The responder must outlive one bad message: a rank whose responder
-    stopped would be taken for a dead one."""
+def _as_question(message) -> Tuple[int, float]:
+    sequence, asker_waited_s = message
+    return int(sequence), float(asker_waited_s)
+
+
+def _as_answer(message) -> Tuple[int, PeerState]:
+    echo, state = message
+    return int(echo), PeerState(*state)
+
+
+def _decoded(comm: MPI.Comm, source: int, tag: int, parse):
+    """The next message from ``source`` on ``tag``, unpickled and read by ``parse``; None
+    (logged) if it is not a valid message. The responder must outlive one bad message: a
+    rank whose responder stopped would be taken for a dead one."""
     try:
-        message = comm.recv(source=source, tag=tag)
-        if not isinstance(message, tuple) or len(message) != 2:
-            raise ValueError(f"a {type(message).__name__}, not a pair")
-        return message
+        return parse(comm.recv(source=source, tag=tag))
     except MPI.Exception:
         raise
     except Exception as error:  # unpickling garbage raises anything
