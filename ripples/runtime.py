@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from mpi4py import MPI
 
@@ -113,6 +113,10 @@ class Runtime:
         self.cross_rank = self.cross.Get_rank()
         self.cross_size = self.cross.Get_size()
         self.homogeneous = len(set(self.world.allgather(self.local_size))) == 1
+        # Each world rank's node, named by its lowest world rank: where a group's all-reduce
+        # crosses the network (``ring_carries``).
+        self.node_of: Tuple[int, ...] = tuple(self.world.allgather(
+            self.local.allreduce(self.rank, op=MPI.MIN)))
         self.world_group: Group = tuple(range(self.size))
         # Attached by the composition root: the group communicator cache, the NCCL
         # communicators, the fusion buffers and the engine that runs the collectives.
@@ -120,6 +124,13 @@ class Runtime:
         self.nccl = None
         self.buffers = None
         self.engine = None
+
+    def ring_carries(self, group, nbytes: int) -> bool:
+        """Whether ``group``'s host all-reduce of one run of ``nbytes`` goes around a ring of
+        point-to-point messages instead of MPI's all-reduce (``Config.ring_carries``; the
+        run is across hosts when the members sit on more than one node)."""
+        across = len({self.node_of[r] for r in group}) > 1
+        return self.config.ring_carries(nbytes, across, world=tuple(group) == self.world_group)
 
     def left_training_step(self) -> None:
         """This rank is about to do something other than training steps: run the

@@ -142,6 +142,10 @@ def test_ranks_are_placed_as_asked_and_settings_reach_remote_hosts(cluster, tmp_
     assert [ranks[r]["cross"] for r in range(5)] == ["0/3", "0/2", "1/3", "2/3", "1/2"]
     assert all(ranks[r]["FOO"] == "bar" and ranks[r]["TIMEOUT"] == "17" for r in range(5))
     assert out.count("sum=5") == 5, out
+    # A world of three hosts all-reduces 256 KiB around the ring; ranks 0 and 1 share h1.
+    assert all(ranks[r]["ring_world"] == "True" and ranks[r]["ring_local"] == "False"
+               for r in range(5)), out
+    assert out.count("big=[5.0]") == 5, out
 
 
 def test_parameter_server_mode_runs_across_hosts(cluster, tmp_path):
@@ -244,7 +248,8 @@ def test_a_host_cut_off_under_fault_tolerance_is_left_behind_and_stops(cluster, 
     job.wait_for("READY", 5, 120)
     while not (tmp_path / "checkpoint.txt.log").exists():  # a checkpoint of the 5 first
         time.sleep(0.1)
-    cut_pid = int(re.search(r"^READY 2 sum=5 pid=(\d+)$", job.output(), re.M).group(1))
+    cut_pid = int(re.search(r"^READY 2 sum=5 big=\[5.0\] pid=(\d+)$", job.output(),
+                            re.M).group(1))
     subprocess.run([NETCLUSTER, "cut", "h2"], check=True, capture_output=True, timeout=30)
     cut_at = time.time()
     try:

@@ -143,3 +143,19 @@ def test_group_allreduce_setting_is_validated_and_auto_follows_fault_tolerance_a
                                   "RIPPLES_GROUP_ALLREDUCE": "communicator"})
     assert pinned.group_transport == "communicator" and not pinned.ring_carries(64 * mib)
     assert Config.load(environ={"RIPPLES_GROUP_ALLREDUCE": "ring"}).ring_carries(8)
+
+
+def test_across_hosts_the_ring_carries_from_256_kib_and_the_world_goes_by_size():
+    kib = 1 << 10
+    auto = Config.load(environ={})
+    assert not auto.ring_carries(256 * kib - 1, across_hosts=True)
+    assert auto.ring_carries(256 * kib, across_hosts=True)
+    assert not auto.ring_carries(256 * kib, across_hosts=False)
+    assert auto.ring_carries(16 * kib * kib, world=True)
+    assert not auto.ring_carries(16 * kib * kib - 1, world=True)
+    # Fault tolerant, groups always take the ring; the world still goes by size.
+    tolerant = Config.load(environ={"RIPPLES_FAULT_TOLERANT": "1"})
+    assert tolerant.ring_carries(8) and not tolerant.ring_carries(8, world=True)
+    assert tolerant.ring_carries(256 * kib, across_hosts=True, world=True)
+    pinned = Config.load(environ={"RIPPLES_GROUP_ALLREDUCE": "communicator"})
+    assert not pinned.ring_carries(64 * kib * kib, across_hosts=True, world=True)

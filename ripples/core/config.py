@@ -31,8 +31,10 @@ HOROVOD_NAMES = {
 
 GROUP_ALLREDUCE = ("auto", "communicator", "ring")
 GPU_PATHS = ("auto", "nccl", "mpi", "host")
-# group_allreduce="auto": the smallest fused run a group sends around the ring.
+# group_allreduce="auto": the smallest fused run sent around the ring, within one host and
+# across hosts.
 RING_MIN_BYTES = 16 << 20
+RING_MIN_BYTES_ACROSS_HOSTS = 256 << 10
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # The world rank as launchers announce it to each process (Open MPI, PMIx, MPICH/Slurm's PMI),
 # readable before MPI is initialized.
@@ -79,11 +81,16 @@ class Config:
         cached (``cache_capacity``). ``"ring"``: a ring of point-to-point messages over one
         long-lived communicator, nothing made per group (``ripples.ops.ring_allreduce``).
         ``"auto"``: the ring under ``fault_tolerant`` (a group communicator being made
-        cannot be revoked, so a death then could hang the survivors), else the ring for
-        runs of at least ``RING_MIN_BYTES`` (16 MiB: across hosts over TCP, Open MPI's
-        all-reduce of 20 MB took twice a ring's time) and a communicator below (on one
-        host it is faster up to about that size). Every rank must use the same setting
-        (``init()`` checks).
+        cannot be revoked, so a death then could hang the survivors), else by size: the
+        ring for runs of at least ``RING_MIN_BYTES_ACROSS_HOSTS`` (256 KiB) when the
+        members sit on more than one host, of at least ``RING_MIN_BYTES`` (16 MiB) within
+        one host, a communicator below. The whole world's host all-reduces (gradient
+        buckets included) take the ring by the same sizes unless this is
+        ``"communicator"``. Why: across hosts over TCP (1 Gbit/s, 8 ranks on 4 hosts)
+        Open MPI's all-reduce took 2-3x a ring's time from 192 KB on (736 ms against 331
+        ms for 20 MB), and was faster at 128 KB and below; within one host it is as fast
+        or faster up to about 16 MiB. Every rank must use the same setting (``init()``
+        checks).
     horovod_join: ``join()`` exactly as Horovod's. Once a rank has joined, an all-gather
         or broadcast on the other ranks raises ``MismatchError`` (a ``RuntimeError``)
         instead of running without it, and an Average all-reduce (gradient buckets
@@ -187,16 +194,23 @@ class Config:
     @property
     def group_transport(self) -> str:
         """How groups all-reduce, ``group_allreduce`` resolved: ``"ring"``,
-        ``"communicator"``, or ``"by size"`` (the ring from ``RING_MIN_BYTES`` on)."""
+        ``"communicator"``, or ``"by size"`` (the ring from ``RING_MIN_BYTES`` on, from
+        ``RING_MIN_BYTES_ACROSS_HOSTS`` across hosts)."""
         if self.group_allreduce == "auto":
             return "ring" if self.fault_tolerant else "by size"
         return self.group_allreduce
 
-    def ring_carries(self, nbytes: int) -> bool:
-        """Whether a group's host all-reduce of ``nbytes`` (one fused run) goes around the
-        ring rather than over the group's communicator."""
+    def ring_carries(self, nbytes: int, across_hosts: bool = False, world: bool = False) -> bool:
+        """Whether a host all-reduce of ``nbytes`` (one fused run) goes around the ring
+        rather than over MPI's all-reduce: a group's (``world`` False) by
+        ``group_transport``; the whole world's by size unless ``"communicator"``.
+        ``across_hosts``: the members sit on more than one host."""
         transport = self.group_transport
-        return transport == "ring" or (transport == "by size" and nbytes >= RING_MIN_BYTES)
+        if transport == "communicator":
+            return False
+        if transport == "ring" and not world:
+            return True
+        return nbytes >= (RING_MIN_BYTES_ACROSS_HOSTS if across_hosts else RING_MIN_BYTES)
 
     def apply_log_level(self) -> None:
         """Set the ``"ripples"`` logger to ``log_level`` (``init()`` calls this).

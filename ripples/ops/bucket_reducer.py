@@ -11,7 +11,9 @@ communication thread. Every step:
    deadline, that proves every member reached the same step of the same plan and counts
    the members contributing data (joined members contribute zeros);
 3. then it all-reduces each launched bucket in place with MPI's blocking ``Allreduce``
-   (faster here than ``Iallreduce``) and scales it; nothing is packed or unpacked. A
+   (faster here than ``Iallreduce``), or around a ring of point-to-point messages where
+   ``Runtime.ring_carries`` says (large buckets, sooner across hosts), and scales it;
+   nothing is packed or unpacked. A
    float16/bfloat16 bucket (a 16-bit model's gradients) is summed in place by
    ``half_allreduce.allreduce_16bit_`` (float32 accumulation, rounded once). With a
    16-bit ``wire_dtype`` (``Compression.fp16``/``bf16``) the bucket is cast into a
@@ -45,6 +47,7 @@ from ripples.comm.mpi import Deadline, as_buffer, mpi_op, poll_until
 from ripples.core.errors import MismatchError, RipplesTimeoutError
 from ripples.ops.fusion import host_buffer
 from ripples.ops.half_allreduce import HALF_DTYPES, allreduce_16bit_
+from ripples.ops.ring_allreduce import PeerRing
 from ripples.core.reduce_ops import ReduceOp
 
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
@@ -293,13 +296,26 @@ class BucketReducer:
                                "wire_dtype": str(sent.dtype)[6:], "bucket": index})
 
     def _allreduce(self, buffer: torch.Tensor, operation) -> None:
-        """Sum ``buffer`` over the group in place: by MPI for float32/float64, by
-        ``allreduce_16bit_`` (float32 accumulation, 2 bytes per element on the wire, MPI
-        has no 16-bit float sum) for float16/bfloat16."""
+        """Sum ``buffer`` over the group in place: by MPI for float32/float64, around a ring
+        on the group's communicator where the runtime says so (large buckets, sooner across
+        hosts: ``Runtime.ring_carries``), by ``allreduce_16bit_`` (float32 accumulation, 2
+        bytes per element on the wire, MPI has no 16-bit float sum) for float16/bfloat16."""
         if buffer.dtype in HALF_DTYPES:
             allreduce_16bit_(self.comm, buffer)
+        elif self._rt.ring_carries(self.group, buffer.numel() * buffer.element_size()):
+            self._ring().allreduce_(buffer, operation)
         else:
             self.comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=operation)
+
+    def _ring(self) -> PeerRing:
+        """The ring over this reducer's communicator (its ranks are positions in the group);
+        each step bounded as the group rings' are."""
+        config, liveness = self._rt.config, self._rt.liveness
+        return PeerRing(self.comm, range(len(self.group)), self.comm.Get_rank(),
+                        lambda describe, missing: Deadline(
+                            config.timeout_s, config.stall_warning_s, describe,
+                            lambda: missing, liveness),
+                        world_ranks=self.group)
 
     def _describe(self, index: int) -> str:
         if index >= len(self.names):

@@ -198,7 +198,7 @@ class Engine:
         ring = self._executor.ring(group)
         # Over the ring, only what the ring cannot carry needs the group's communicator.
         need_create = comm is None and (ring is None or not all(
-            ring_can_carry(r) and rt.config.ring_carries(r.nbytes) for r in batch))
+            ring_can_carry(r) and rt.ring_carries(group, r.nbytes) for r in batch))
         record = Record(group, need_create, -1, any(r.handle.blocking for r in batch),
                         [(r.name, r.signature, r.wire) for r in batch])
         what = batch[0].what

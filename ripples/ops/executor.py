@@ -30,10 +30,11 @@ class Executor:
         self._finish = finish
 
     def ring(self, group) -> Optional[PeerRing]:
-        """The point-to-point ring of ``group``, when groups all-reduce that way
-        (``Config.group_allreduce``); None for the world and for per-group communicators."""
+        """The point-to-point ring of ``group`` (the world's too), for the runs it carries
+        (``Runtime.ring_carries``); None where everything takes MPI's all-reduce
+        (``Config.group_allreduce="communicator"``)."""
         rt = self._rt
-        if group == rt.world_group or rt.config.group_transport == "communicator":
+        if rt.config.group_transport == "communicator":
             return None
         config = rt.config
         return PeerRing(rt.peers, group, rt.rank,
@@ -45,11 +46,9 @@ class Executor:
                 ring: Optional[PeerRing] = None) -> None:
         """Run agreed ``requests``: fused all-reduces over ``ring`` when given (host tensors),
         everything else over ``comm``."""
-        carries = self._rt.config.ring_carries
-
         def reduce(members: List[Request]) -> None:
             over_ring = (ring is not None and ring_can_carry(members[0])
-                         and carries(sum(m.nbytes for m in members)))
+                         and self._rt.ring_carries(group, sum(m.nbytes for m in members)))
             self._reduce_fused(ring if over_ring else comm, group, active, members)
 
         if len(requests) == 1 and requests[0].pair is not None:  # nothing to fuse with

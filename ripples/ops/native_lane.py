@@ -269,7 +269,7 @@ class Lanes:
         if not _eligible_wire(requests[0].wire):
             return
         rt = self._rt
-        if group != rt.world_group and rt.config.ring_carries(requests[0].nbytes):
+        if rt.ring_carries(group, requests[0].nbytes):
             return  # this group's all-reduce goes around the ring: keep its numerics
         seen = self._seen.get(group, 0) + 1
         self._seen[group] = seen
@@ -442,8 +442,9 @@ def register(key: tuple, tensor: torch.Tensor, group, what: str, name, average: 
         return
     rt = _runtime.current()
     lane = rt.engine.lanes.get(tuple(group))
-    if lane is None or not tensor.is_contiguous() or tensor.numel() >= 1 << 31:
-        return
+    if (lane is None or not tensor.is_contiguous() or tensor.numel() >= 1 << 31
+            or rt.ring_carries(group, tensor.numel() * tensor.element_size())):
+        return  # (the ring's calls keep its numerics and its speed across hosts)
     plan = _Plan()
     plan.lane, plan.owner, plan.holds = lane, rt.engine, holds
     plan.away = what == "allreduce"  # a collective of the script (see Runtime.away_hooks)

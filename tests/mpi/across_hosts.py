@@ -2,7 +2,9 @@
 on an emulated cluster).
 
 Usage: across_hosts.py SECONDS [CHECKPOINT]. Prints ``RANK r size= host= local= cross= FOO=
-TIMEOUT=``, then ``READY r sum= pid=``, all-reduces every 20 ms, SECONDS / 0.02 times, and prints
+TIMEOUT= ring_world= ring_local=`` (whether a 256 KiB all-reduce of the world, and of ranks 0
+and 1, goes around the ring), then ``READY r sum= big= pid=`` (``big``: a 256 KiB all-reduce's
+sum), all-reduces every 20 ms, SECONDS / 0.02 times, and prints
 ``FINISHED r size= stall=`` (the longest all-reduce, in seconds). With CHECKPOINT, the
 loop goes on through ``RanksFailedError`` (fault tolerant), and every 0.5 s the current
 world's rank 0 writes CHECKPOINT and appends ``host size`` to CHECKPOINT.log.
@@ -28,9 +30,13 @@ _stack_file = open(f"{_stacks}.{hvd.rank()}", "w") if _stacks else sys.stderr
 faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
 print(f"RANK {hvd.rank()} size={hvd.size()} host={host} "
       f"local={hvd.local_rank()}/{hvd.local_size()} cross={hvd.cross_rank()}/{hvd.cross_size()} "
-      f"FOO={os.environ.get('FOO')} TIMEOUT={runtime.current().config.timeout_s:g}", flush=True)
+      f"FOO={os.environ.get('FOO')} TIMEOUT={runtime.current().config.timeout_s:g} "
+      f"ring_world={runtime.current().ring_carries(range(hvd.size()), 256 << 10)} "
+      f"ring_local={runtime.current().ring_carries((0, 1), 256 << 10)}", flush=True)
 total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="check")
-print(f"READY {hvd.rank()} sum={total.item():g} pid={os.getpid()}", flush=True)
+big = hvd.allreduce(torch.ones(64 << 10), op=hvd.Sum, name="big")
+print(f"READY {hvd.rank()} sum={total.item():g} big={big.unique().tolist()} pid={os.getpid()}",
+      flush=True)
 checkpoint = sys.argv[2] if len(sys.argv) > 2 else None
 stall, last_write = 0.0, time.time()
 for _ in range(int(float(sys.argv[1]) / 0.02)):  # as many on every rank: no unmatched call

@@ -205,6 +205,53 @@ def test_a_group_all_reduce_of_16_mib_goes_around_the_ring_and_a_small_one_does_
     assert torch.equal(small, torch.full((4,), 6.0)) and len(rounds) == 1
 
 
+def count_ring_rounds(monkeypatch):
+    """The groups (as the ring sees them) of every all-reduce that goes around a ring."""
+    from ripples.ops.ring_allreduce import PeerRing
+    rounds = []
+    around = PeerRing.allreduce_
+    monkeypatch.setattr(PeerRing, "allreduce_",
+                        lambda ring, *args: rounds.append(ring.group) or around(ring, *args))
+    return rounds
+
+
+@pytest.mark.skipif(N < 2, reason="a ring needs 2 ranks")
+def test_world_all_reduces_go_around_the_ring_from_16_mib_and_from_256_kib_across_hosts(
+        monkeypatch):
+    from ripples.core.config import RING_MIN_BYTES, RING_MIN_BYTES_ACROSS_HOSTS
+    rounds = count_ring_rounds(monkeypatch)
+    total = N * (N + 1) / 2
+    big = torch.full((RING_MIN_BYTES // 4,), float(R + 1))
+    hvd.allreduce_(big, op=hvd.Sum, name="world.big")
+    assert torch.equal(big, torch.full_like(big, total)) and rounds == [tuple(RANKS)]
+    across = torch.full((RING_MIN_BYTES_ACROSS_HOSTS // 4,), float(R + 1))
+    hvd.allreduce_(across, op=hvd.Sum, name="world.across")
+    assert torch.equal(across, torch.full_like(across, total)) and len(rounds) == 1
+    # The same world, every rank on a node of its own: from 256 KiB on around the ring.
+    monkeypatch.setattr(current(), "node_of", tuple(RANKS))
+    hvd.allreduce_(across.fill_(R + 1), op=hvd.Sum, name="world.across_hosts")
+    assert torch.equal(across, torch.full_like(across, total)) and len(rounds) == 2
+    below = torch.full((RING_MIN_BYTES_ACROSS_HOSTS // 4 - 1,), float(R + 1))
+    hvd.allreduce_(below, op=hvd.Sum, name="world.below")
+    assert torch.equal(below, torch.full_like(below, total)) and len(rounds) == 2
+
+
+@pytest.mark.skipif(N < 2, reason="a ring needs 2 ranks")
+def test_a_gradient_bucket_of_16_mib_goes_around_the_ring_and_averages_exactly(monkeypatch):
+    rounds = count_ring_rounds(monkeypatch)
+    model = torch.nn.Linear(4096, 1024)  # a 16 MiB weight and its bias: one bucket
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters())
+    for step in range(2):
+        opt.zero_grad()
+        (model(torch.ones(1, 4096)) * (R + 1)).sum().backward()
+        opt.step()
+        mean = (N + 1) / 2  # rank r's gradients are all r + 1
+        assert torch.equal(model.weight.grad, torch.full_like(model.weight, mean))
+        assert torch.equal(model.bias.grad, torch.full_like(model.bias, mean))
+    assert rounds == [tuple(range(N))] * 2, rounds
+
+
 def test_partial_sum_over_ranks_is_preserved_by_any_sequence():
     rng = random.Random(1234)  # the same on every rank: a shared schedule
     x = torch.full((8,), float(R * 4))
