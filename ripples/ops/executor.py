@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence
 
 from ripples.comm.mpi import Deadline
+from ripples.ops.half_allreduce import HALF_DTYPES
 from ripples.ops.request import Request, fusion_chunks, ring_can_carry
 from ripples.ops.ring_allreduce import PeerRing
 
@@ -46,8 +47,13 @@ class Executor:
                 ring: Optional[PeerRing] = None) -> None:
         """Run agreed ``requests``: fused all-reduces over ``ring`` when given (host tensors),
         everything else over ``comm``."""
+        world = group == self._rt.world_group
+
         def reduce(members: List[Request]) -> None:
+            # The world's 16-bit floats keep allreduce_16bit_, which sends 2 bytes an element
+            # where the ring sends its float32 partial sums.
             over_ring = (ring is not None and ring_can_carry(members[0])
+                         and not (world and members[0].pair[0].dtype in HALF_DTYPES)
                          and self._rt.ring_carries(group, sum(m.nbytes for m in members)))
             self._reduce_fused(ring if over_ring else comm, group, active, members)
 

@@ -224,6 +224,10 @@ def test_world_all_reduces_go_around_the_ring_from_16_mib_and_from_256_kib_acros
     big = torch.full((RING_MIN_BYTES // 4,), float(R + 1))
     hvd.allreduce_(big, op=hvd.Sum, name="world.big")
     assert torch.equal(big, torch.full_like(big, total)) and rounds == [tuple(RANKS)]
+    # 16-bit floats keep the reduce-scatter of 16-bit values (half the ring's bytes)
+    half = torch.full((RING_MIN_BYTES // 2,), float(R + 1), dtype=torch.bfloat16)
+    hvd.allreduce_(half, op=hvd.Sum, name="world.half")
+    assert torch.equal(half, torch.full_like(half, total)) and len(rounds) == 1
     across = torch.full((RING_MIN_BYTES_ACROSS_HOSTS // 4,), float(R + 1))
     hvd.allreduce_(across, op=hvd.Sum, name="world.across")
     assert torch.equal(across, torch.full_like(across, total)) and len(rounds) == 1
