@@ -12,8 +12,10 @@ one rank per host, among the ranks of each host (every host at once) and between
 on two hosts (the others idle; ``benchmarks/sim_hosts.py`` takes it for the bandwidth of a
 two-member group across hosts); and the rate of
 one stream of ``--model-mb`` from a rank of each host to the next host, alone and with every
-host sending at once (do the links stay independent when all carry traffic?). Pure
-communication: no ripples, no torch. Without ``--netcluster`` the job runs on this host.
+host sending at once (do the links stay independent when all carry traffic?). And the
+ring schedule ripples runs instead of ``MPI.Allreduce`` from 256 KiB across hosts, over
+``Sendrecv`` among all ranks and between two ranks on two hosts (``ring_s``). Pure
+communication on numpy buffers. Without ``--netcluster`` the job runs on this host.
 """
 from __future__ import annotations
 
@@ -67,6 +69,34 @@ def allreduce_s(comm, groups, nbytes: int, iterations: int) -> float:
     return stats.median(times[1:])
 
 
+def ring_s(comm, groups, nbytes: int, iterations: int) -> float:
+    """``allreduce_s`` for ripples' ring schedule (``ring_schedule``) over ``Sendrecv``:
+    what ripples runs for a large all-reduce across hosts instead of ``MPI.Allreduce``."""
+    import numpy as np
+    from mpi4py import MPI
+    from ripples.ops.ring_allreduce import ring_schedule
+    rank = comm.Get_rank()
+    group = next((g for g in groups if rank in g), None)
+    data = np.ones(nbytes // 4, dtype=np.float32)
+    times = []
+    for _ in range(iterations + 1):
+        comm.Barrier()
+        start = time.perf_counter()
+        if group is not None and len(group) > 1:
+            k, position = len(group), group.index(rank)
+            pieces = np.array_split(data, k)
+            scratch = np.empty_like(pieces[0])
+            for step in ring_schedule(position, k):
+                target = pieces[step.recv]
+                into = scratch[:target.size] if step.reduce else target
+                comm.Sendrecv(pieces[step.send], dest=group[(position + 1) % k],
+                              recvbuf=into, source=group[(position - 1) % k])
+                if step.reduce:
+                    target += into
+        times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    return stats.median(times[1:])
+
+
 def streams_gbps(comm, senders, per_host: int, nbytes: int, iterations: int) -> float:
     """Median rate (Gb/s, slowest stream) of one message of ``nbytes`` from each rank of
     ``senders`` (first ranks of hosts) to the first rank of the next host, all at once."""
@@ -112,6 +142,8 @@ def worker(args) -> None:
         checks["a pair across hosts"] = [[0, other]]  # of the generator's groups
     measured = {name: allreduce_s(comm, groups, nbytes, args.iterations)
                 for name, groups in checks.items()}
+    rings = {name: ring_s(comm, checks[name], nbytes, args.iterations)
+             for name in ("all ranks", "a pair across hosts") if name in checks}
     firsts = [g[0] for g in nodes]
     streams = {} if len(nodes) < 2 else {
         "one stream alone": streams_gbps(comm, firsts[:1], per_host, nbytes, args.iterations),
@@ -120,13 +152,16 @@ def worker(args) -> None:
         result = {"hosts": hosts, "ranks_per_host": per_host, "model_mb": args.model_mb,
                   "compute": "none (pure communication)",
                   "links": {name: fit(points) for name, points in rows.items() if points},
-                  "pingpong": rows, "allreduce_s": measured, "stream_gbps": streams,
+                  "pingpong": rows, "allreduce_s": measured, "ring_s": rings,
+                  "stream_gbps": streams,
                   "cluster": launch.cluster_status() if args.netcluster else None}
         for name, link in result["links"].items():
             print(f"{name}: latency {link['latency_us']:.0f} us, bandwidth "
                   f"{link['gbps']:.3f} Gb/s")
         for name, seconds in measured.items():
             print(f"MPI.Allreduce {args.model_mb:g} MB, {name}: {seconds * 1e3:.1f} ms")
+        for name, seconds in rings.items():
+            print(f"ring all-reduce {args.model_mb:g} MB, {name}: {seconds * 1e3:.1f} ms")
         for name, gbps in streams.items():
             print(f"{args.model_mb:g} MB stream to the next host, {name}: {gbps:.3f} Gb/s")
         if args.json:
@@ -136,7 +171,7 @@ def worker(args) -> None:
 def fit(points) -> dict:
     """Latency (one-way time of the smallest message) and bandwidth (slope between the two
     largest) of a ping-pong sweep."""
-    (small, t_small), (b1, t1), (b2, t2) = points[0], points[-2], points[-1]
+    (_, t_small), (b1, t1), (b2, t2) = points[0], points[-2], points[-1]
     bandwidth = (b2 - b1) / (t2 - t1)
     return {"latency_us": t_small * 1e6, "bandwidth_Bps": bandwidth, "gbps": bandwidth * 8 / 1e9}
 

@@ -19,9 +19,13 @@ ranks per host, the model's bytes (the MLP plus ``--model-mb``), and the links a
 * ``allreduce_pair`` (where the link file has it): ``allreduce``, and for a group of two
   on two hosts the bandwidth at which the ring reproduces the raw ``MPI.Allreduce``
   between two ranks on two hosts (``--inter-pair-gbps``);
-* ``fair``: the last of these, with the links shared fairly for as long as collectives
-  overlap (``--link-sharing fair``) and a 2% spread of step times (``--step-jitter
-  0.02``), which fair sharing needs: without it identical workers finish in exact ties.
+* ``ring`` (where the link file has it): as ``allreduce_pair``, fitted to ripples' ring
+  schedule over ``Sendrecv`` (``ring_s``) instead of ``MPI.Allreduce``: what ripples runs
+  from 256 KiB across hosts since 2026-11-29;
+* ``fair``: the ``allreduce_pair`` calibration (else ``allreduce``), with the links
+  shared fairly for as long as collectives overlap (``--link-sharing fair``) and a 2%
+  spread of step times (``--step-jitter 0.02``), which fair sharing needs: without it
+  identical workers finish in exact ties.
 
 Neither comes from the training runs. The target (all-reduce steps to the target accuracy)
 comes from ``--target-from``, a run of the same MLP, when a run's own all-reduce never
@@ -67,6 +71,15 @@ def calibrations(link: dict) -> dict:
         pair = ring_bandwidth(link["model_mb"] * 1e6, 2, pair_s, inter["latency_us"] * 1e-6)
         found["allreduce_pair"] = found["allreduce"] + ["--inter-pair-gbps",
                                                          f"{pair * 8 / 1e9:.4f}"]
+    rings = link.get("ring_s", {})
+    if "all ranks" in rings:  # what ripples runs from 256 KiB across hosts
+        ring = ring_bandwidth(link["model_mb"] * 1e6, size, rings["all ranks"],
+                              inter["latency_us"] * 1e-6)
+        found["ring"] = common + ["--inter-gbps", f"{ring * 8 / 1e9:.4f}"]
+        if "a pair across hosts" in rings:
+            pair = ring_bandwidth(link["model_mb"] * 1e6, 2, rings["a pair across hosts"],
+                                  inter["latency_us"] * 1e-6)
+            found["ring"] += ["--inter-pair-gbps", f"{pair * 8 / 1e9:.4f}"]
     found["fair"] = list(found.get("allreduce_pair", found["allreduce"])) + [
         "--link-sharing", "fair", "--step-jitter", str(FAIR_STEP_JITTER)]
     return found
@@ -79,14 +92,14 @@ def median_link(links: list) -> dict:
     for other in links[1:]:
         if (other["hosts"], other["model_mb"]) != (first["hosts"], first["model_mb"]):
             raise SystemExit("--link: the files describe different clusters or payloads")
-    merged = {**first, "links": {}, "allreduce_s": {}}
+    merged = {**first, "links": {}, "allreduce_s": {}, "ring_s": {}}
     for name in first["links"]:
         merged["links"][name] = {key: stats.median([link["links"][name][key] for link in links])
                                  for key in ("latency_us", "bandwidth_Bps", "gbps")}
-    for name in first["allreduce_s"]:
-        if all(name in link["allreduce_s"] for link in links):
-            merged["allreduce_s"][name] = stats.median([link["allreduce_s"][name]
-                                                        for link in links])
+    for kind in ("allreduce_s", "ring_s"):
+        for name in first.get(kind, {}):
+            if all(name in link.get(kind, {}) for link in links):
+                merged[kind][name] = stats.median([link[kind][name] for link in links])
     return merged
 
 

@@ -101,3 +101,17 @@ def test_the_fair_calibration_is_the_last_one_with_fair_links_and_a_step_spread(
     assert paired["fair"] == paired["allreduce_pair"] + fair_tail
     unpaired = sim_hosts.calibrations(_link())
     assert unpaired["fair"] == unpaired["allreduce"] + fair_tail
+
+
+def test_the_ring_calibration_reproduces_the_measured_ring_of_all_ranks_and_of_a_pair():
+    assert "ring" not in sim_hosts.calibrations(_link())
+    link = {**_link(), "ring_s": {"all ranks": 0.5, "a pair across hosts": 0.3}}
+    flags = dict(zip(sim_hosts.calibrations(link)["ring"][::2],
+                     sim_hosts.calibrations(link)["ring"][1::2]))
+    network = Network(workers_per_node=2,
+                      inter=Link(90e-6, float(flags["--inter-gbps"]) * 1e9 / 8),
+                      inter_pair_Bps=float(flags["--inter-pair-gbps"]) * 1e9 / 8)
+    assert network.allreduce_s(20e6, 4, 4) == pytest.approx(0.5, rel=1e-3)
+    assert network.allreduce_s(20e6, 2, 2) == pytest.approx(0.3, rel=1e-3)
+    merged = sim_hosts.median_link([link, {**link, "ring_s": {"all ranks": 0.7}}, link])
+    assert merged["ring_s"] == {"all ranks": 0.5}
