@@ -175,7 +175,7 @@ def ps_api() -> str:
 
 def _family(name: str) -> str:
     for prefix in ("epochs", "train", "step", "collectives", "groups", "latency_after_idle",
-                   "sim", "ps_heterogeneous", "ps_casp", "ps_epsp", "ps_psld", "host_faults"):
+                   "sim_hosts", "sim", "ps_heterogeneous", "ps_casp", "ps_epsp", "ps_psld", "host_faults"):
         if name.startswith(prefix):
             return prefix
     return name[:-len(".json")]
