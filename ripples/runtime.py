@@ -11,7 +11,8 @@ import logging
 import os
 import threading
 import weakref
-from typing import Callable, List, Optional, Tuple
+from collections import Counter
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
@@ -26,6 +27,18 @@ from ripples.observe.timeline import NullTimeline, Timeline, make_timeline
 log = logging.getLogger("ripples")
 
 _current: Optional["Runtime"] = None
+
+
+def hosts_node_by_node(node_of: Sequence[int]) -> bool:
+    """Whether ranks whose nodes are ``node_of`` (each named by its lowest rank) sit on
+    several hosts with the same number (> 1) of ranks each, numbered host by host as mpiexec
+    places them by default: the layout the node-aware schedules assume."""
+    per_node = Counter(node_of)
+    counts = set(per_node.values())
+    if len(per_node) < 2 or len(counts) != 1:
+        return False
+    local_size = counts.pop()
+    return local_size > 1 and all(node == r - r % local_size for r, node in enumerate(node_of))
 
 
 class Runtime:
@@ -117,6 +130,7 @@ class Runtime:
         # crosses the network (``ring_carries``).
         self.node_of: Tuple[int, ...] = tuple(self.world.allgather(
             self.local.allreduce(self.rank, op=MPI.MIN)))
+        self.hosts_node_by_node = hosts_node_by_node(self.node_of)
         self.world_group: Group = tuple(range(self.size))
         # Attached by the composition root: the group communicator cache, the NCCL
         # communicators, the fusion buffers and the engine that runs the collectives.

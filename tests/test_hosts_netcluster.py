@@ -146,6 +146,16 @@ def test_ranks_are_placed_as_asked_and_settings_reach_remote_hosts(cluster, tmp_
     assert all(ranks[r]["ring_world"] == "True" and ranks[r]["ring_local"] == "False"
                for r in range(5)), out
     assert out.count("big=[5.0]") == 5, out
+    # uneven slots: the decentralized default stays the topology-blind generator
+    assert all(ranks[r]["node_by_node"] == "False" for r in range(5)), out
+
+
+def test_two_hosts_of_two_ranks_numbered_host_by_host_are_seen_as_such(cluster, tmp_path):
+    job = Job(["-np", "4", "-H", "h1:2,h2:2", sys.executable, SCRIPT, "0"], tmp_path)
+    code, out = job.finish(120)
+    assert code == 0, out
+    facts = [dict(re.findall(r"(\w+)=(\S+)", m)) for m in re.findall(r"^RANK \d (.*)$", out, re.M)]
+    assert len(facts) == 4 and all(f["node_by_node"] == "True" for f in facts), out
 
 
 def test_parameter_server_mode_runs_across_hosts(cluster, tmp_path):

@@ -41,9 +41,11 @@ def floating_buffers(model) -> List[Tuple[str, torch.Tensor]]:
     return [(n, b) for n, b in model.named_buffers() if b.dtype.is_floating_point]
 
 
-def schedule_kind(adpsgd: bool, schedule):
+def schedule_kind(adpsgd: bool, schedule, hosts_node_by_node: bool = False):
     """The validated ``schedule=`` of a decentralized mode: a schedule name, or the
-    ``Schedule`` object given."""
+    ``Schedule`` object given. The default (None) is the Group Generator, node-aware when
+    the ranks sit on several hosts numbered host by host (``Runtime.hosts_node_by_node``):
+    across hosts its topology-blind groups span hosts and share every host's link."""
     if isinstance(schedule, Schedule):
         return schedule
     if adpsgd:
@@ -51,11 +53,12 @@ def schedule_kind(adpsgd: bool, schedule):
             raise ValueError("sync='adpsgd' and 'adpsgd-sync' have their own pairing; leave "
                              "schedule=None")
         return "adpsgd"
-    kind = "generator" if schedule is None else schedule
-    if kind not in SCHEDULES:
+    if schedule is None:
+        return "generator-node" if hosts_node_by_node else "generator"
+    if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is not valid; choose one of "
                          f"{list(SCHEDULES)} or pass a ripples.schedule.Schedule")
-    return kind
+    return schedule
 
 
 def make_mode_schedule(rt, kind, group_size: int, division: str) -> Schedule:

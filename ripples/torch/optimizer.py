@@ -92,10 +92,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         ``Sync`` member). ``"adpsgd"`` is asynchronous AD-PSGD (see ``AdpsgdOptimizer``:
         an active rank averages with a random passive one that answers while it
         computes); ``"adpsgd-sync"`` runs the same pairs in lock-step, as P-Reduces.
-    schedule: for ``"ripples"``: ``"static"``, ``"random"``, ``"generator"`` (default),
+    schedule: for ``"ripples"``: ``"static"``, ``"random"``, ``"generator"``,
         ``"generator-node"`` (the generator grouping ranks of one node first; ranks numbered
         node by node, as ``mpiexec`` places them by default) or a
-        ``ripples.schedule.Schedule`` object.
+        ``ripples.schedule.Schedule`` object. Default: ``"generator-node"`` when the ranks
+        sit on several hosts, the same number on each, numbered host by host;
+        ``"generator"`` otherwise.
     group_size: ranks per group for the random and generator schedules (default 4).
     sync_every: P-Reduce (with AD-PSGD: exchange) every this many local steps (default 1).
     model: the ``torch.nn.Module``, so that its floating buffers (BatchNorm statistics) are
@@ -146,7 +148,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if mode is Sync.ADPSGD and schedule is not None:
         raise ValueError("sync='adpsgd' has its own pairing; leave schedule=None")
     kind = None if mode in (Sync.ALLREDUCE, Sync.PS, Sync.ADPSGD) else schedule_kind(
-        mode is Sync.ADPSGD_SYNC, schedule)
+        mode is Sync.ADPSGD_SYNC, schedule, _runtime.current().hosts_node_by_node)
     division = options.pop("policy", "ready") if mode is Sync.RIPPLES else "ready"
     if mode is not Sync.PS and options:
         raise TypeError(f"DistributedOptimizer() got unexpected arguments {sorted(options)} for "

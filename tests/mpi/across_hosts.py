@@ -2,8 +2,9 @@
 on an emulated cluster).
 
 Usage: across_hosts.py SECONDS [CHECKPOINT]. Prints ``RANK r size= host= local= cross= FOO=
-TIMEOUT= ring_world= ring_local=`` (whether a 256 KiB all-reduce of the world, and of ranks 0
-and 1, goes around the ring), then ``READY r sum= big= pid=`` (``big``: a 256 KiB all-reduce's
+TIMEOUT= ring_world= ring_local= node_by_node=`` (whether a 256 KiB all-reduce of the world, and
+of ranks 0 and 1, goes around the ring; whether the hosts hold equally many ranks numbered host
+by host), then ``READY r sum= big= pid=`` (``big``: a 256 KiB all-reduce's
 sum), all-reduces every 20 ms, SECONDS / 0.02 times, and prints
 ``FINISHED r size= stall=`` (the longest all-reduce, in seconds). With CHECKPOINT, the
 loop goes on through ``RanksFailedError`` (fault tolerant), and every 0.5 s the current
@@ -32,7 +33,8 @@ print(f"RANK {hvd.rank()} size={hvd.size()} host={host} "
       f"local={hvd.local_rank()}/{hvd.local_size()} cross={hvd.cross_rank()}/{hvd.cross_size()} "
       f"FOO={os.environ.get('FOO')} TIMEOUT={runtime.current().config.timeout_s:g} "
       f"ring_world={runtime.current().ring_carries(range(hvd.size()), 256 << 10)} "
-      f"ring_local={runtime.current().ring_carries((0, 1), 256 << 10)}", flush=True)
+      f"ring_local={runtime.current().ring_carries((0, 1), 256 << 10)} "
+      f"node_by_node={runtime.current().hosts_node_by_node}", flush=True)
 total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="check")
 big = hvd.allreduce(torch.ones(64 << 10), op=hvd.Sum, name="big")
 print(f"READY {hvd.rank()} sum={total.item():g} big={big.unique().tolist()} pid={os.getpid()}",
