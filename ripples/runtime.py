@@ -126,10 +126,11 @@ class Runtime:
         self.cross_rank = self.cross.Get_rank()
         self.cross_size = self.cross.Get_size()
         self.homogeneous = len(set(self.world.allgather(self.local_size))) == 1
-        # Each world rank's node, named by its lowest world rank: where a group's all-reduce
-        # crosses the network (``ring_carries``).
+        # Each world rank's node, named by its lowest world rank (local rank 0: ``local`` is
+        # ordered by world rank): where a group's all-reduce crosses the network
+        # (``ring_carries``).
         self.node_of: Tuple[int, ...] = tuple(self.world.allgather(
-            self.local.allreduce(self.rank, op=MPI.MIN)))
+            self.local.bcast(self.rank, root=0)))
         self.hosts_node_by_node = hosts_node_by_node(self.node_of)
         self.world_group: Group = tuple(range(self.size))
         # Attached by the composition root: the group communicator cache, the NCCL

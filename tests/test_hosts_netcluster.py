@@ -104,9 +104,15 @@ class Job:
         self._start()
         return True
 
-    def finish(self, limit):
+    def finish(self, limit, relaunch=True):
+        """The job's status and output once it ends (within ``limit`` s, else the test
+        fails naming where each rank waits). ``relaunch``: a launch that failed before any
+        rank ran is made once more (``_relaunch_after_a_failed_start``)."""
         try:
             self.proc.wait(timeout=limit)
+            if (relaunch and self.proc.returncode != 0
+                    and self._relaunch_after_a_failed_start()):
+                self.proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             # where each rank waits (across_hosts.py dumps its stacks into files), and
             # what every process of the job is blocked in
@@ -236,7 +242,7 @@ def test_a_launch_onto_a_host_that_cannot_connect_back_stops_at_its_start_timeou
     try:
         job = Job(["-np", "5", "-H", HOSTS, "--start-timeout", "10",
                    sys.executable, SCRIPT, "0"], tmp_path)
-        code, out = job.finish(60)
+        code, out = job.finish(60, relaunch=False)  # the failed start is what is tested
         took = time.time() - began
     finally:
         _restore("h2")
@@ -258,8 +264,7 @@ def test_a_host_cut_off_under_fault_tolerance_is_left_behind_and_stops(cluster, 
     job.wait_for("READY", 5, 120)
     while not (tmp_path / "checkpoint.txt.log").exists():  # a checkpoint of the 5 first
         time.sleep(0.1)
-    cut_pid = int(re.search(r"^READY 2 sum=5 big=\[5.0\] pid=(\d+)$", job.output(),
-                            re.M).group(1))
+    cut_pid = int(re.search(r"^READY 2 sum=5 .*pid=(\d+)$", job.output(), re.M).group(1))
     subprocess.run([NETCLUSTER, "cut", "h2"], check=True, capture_output=True, timeout=30)
     cut_at = time.time()
     try:
