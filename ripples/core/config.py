@@ -87,7 +87,7 @@ class Config:
         one host, a communicator below. The whole world's host all-reduces (gradient
         buckets included) take the ring by the same sizes unless this is
         ``"communicator"``. Why: across hosts over TCP (1 Gbit/s, 8 ranks on 4 hosts)
-        Open MPI's all-reduce took 2-3x a ring's time from 192 KB on (736 ms against 331
+        Open MPI's all-reduce took 1.5-2.7x a ring's time from 192 KB on (736 ms against 331
         ms for 20 MB), and was faster at 128 KB and below; within one host it is as fast
         or faster up to about 16 MiB. Every rank must use the same setting (``init()``
         checks).
