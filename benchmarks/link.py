@@ -15,7 +15,7 @@ one stream of ``--model-mb`` from a rank of each host to the next host, alone an
 host sending at once (do the links stay independent when all carry traffic?). And the
 ring schedule ripples runs instead of ``MPI.Allreduce`` from 256 KiB across hosts, over
 ``Sendrecv`` among all ranks and between two ranks on two hosts (``ring_s``). Pure
-communication on numpy buffers. Without ``--netcluster`` the job runs on this host.
+communication (the ring's additions aside). Without ``--netcluster`` the job runs on this host.
 """
 from __future__ import annotations
 
@@ -70,29 +70,25 @@ def allreduce_s(comm, groups, nbytes: int, iterations: int) -> float:
 
 
 def ring_s(comm, groups, nbytes: int, iterations: int) -> float:
-    """``allreduce_s`` for ripples' ring schedule (``ring_schedule``) over ``Sendrecv``:
-    what ripples runs for a large all-reduce across hosts instead of ``MPI.Allreduce``."""
-    import numpy as np
+    """``allreduce_s`` for ripples' ring schedule (``ring_allreduce_``) with each step one
+    ``Sendrecv``: what ripples runs for a large all-reduce across hosts instead of
+    ``MPI.Allreduce``."""
+    import torch
     from mpi4py import MPI
-    from ripples.ops.ring_allreduce import ring_schedule
+    from ripples.ops.ring_allreduce import ring_allreduce_
     rank = comm.Get_rank()
     group = next((g for g in groups if rank in g), None)
-    data = np.ones(nbytes // 4, dtype=np.float32)
+    data = torch.ones(nbytes // 4)
     times = []
     for _ in range(iterations + 1):
         comm.Barrier()
         start = time.perf_counter()
-        if group is not None and len(group) > 1:
-            k, position = len(group), group.index(rank)
-            pieces = np.array_split(data, k)
-            scratch = np.empty_like(pieces[0])
-            for step in ring_schedule(position, k):
-                target = pieces[step.recv]
-                into = scratch[:target.size] if step.reduce else target
-                comm.Sendrecv(pieces[step.send], dest=group[(position + 1) % k],
-                              recvbuf=into, source=group[(position - 1) % k])
-                if step.reduce:
-                    target += into
+        if group is not None:
+            position = group.index(rank)
+            following, preceding = (group[(position + d) % len(group)] for d in (1, -1))
+            ring_allreduce_(data, position, len(group), lambda _, send, receive: comm.Sendrecv(
+                send.numpy(), dest=following, recvbuf=receive.numpy(), source=preceding),
+                torch.add)
         times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
     return stats.median(times[1:])
 

@@ -131,7 +131,6 @@ class Runtime:
         # (``ring_carries``).
         self.node_of: Tuple[int, ...] = tuple(self.world.allgather(
             self.local.bcast(self.rank, root=0)))
-        self.hosts_node_by_node = hosts_node_by_node(self.node_of)
         self.world_group: Group = tuple(range(self.size))
         # Attached by the composition root: the group communicator cache, the NCCL
         # communicators, the fusion buffers and the engine that runs the collectives.
@@ -139,6 +138,12 @@ class Runtime:
         self.nccl = None
         self.buffers = None
         self.engine = None
+
+    @property
+    def hosts_node_by_node(self) -> bool:
+        """Whether the ranks sit on several hosts, equally many (> 1) on each, numbered
+        host by host (``hosts_node_by_node``)."""
+        return hosts_node_by_node(self.node_of)
 
     def ring_carries(self, group, nbytes: int) -> bool:
         """Whether ``group``'s host all-reduce of one run of ``nbytes`` goes around a ring of

@@ -98,6 +98,11 @@ class BucketReducer:
         with runtime.data_watch.phase(self.group, f"{what}: making its communicator"):
             self.comm = _group_comm(runtime, self.group)
             plans = self.comm.allgather(self.plan)
+        # Per bucket, fixed by its size and the group: around the ring (Runtime.ring_carries)?
+        self._over_ring = [b.dtype not in HALF_DTYPES
+                           and runtime.ring_carries(self.group, b.numel() * b.element_size())
+                           for b in self.buffers]
+        self._ring = self._make_ring() if any(self._over_ring) else None
         differing = [self.group[i] for i, p in enumerate(plans) if p != plans[0]]
         if differing:
             raise ValueError(f"{what}: rank(s) {differing} planned different buckets than rank "
@@ -280,7 +285,7 @@ class BucketReducer:
             kernels.scale_(buffer, self._prescale)
             if len(self.group) > 1:
                 with watched:
-                    self._allreduce(buffer, self._mpi_ops[index])
+                    self._allreduce(index, buffer)
             kernels.scale_(buffer, post)
         else:
             sent = self._wire[:buffer.numel()]
@@ -295,19 +300,20 @@ class BucketReducer:
                                "bytes": sent.numel() * sent.element_size(),
                                "wire_dtype": str(sent.dtype)[6:], "bucket": index})
 
-    def _allreduce(self, buffer: torch.Tensor, operation) -> None:
-        """Sum ``buffer`` over the group in place: by MPI for float32/float64, around a ring
-        on the group's communicator where the runtime says so (large buckets, sooner across
-        hosts: ``Runtime.ring_carries``), by ``allreduce_16bit_`` (float32 accumulation, 2
-        bytes per element on the wire, MPI has no 16-bit float sum) for float16/bfloat16."""
+    def _allreduce(self, index: int, buffer: torch.Tensor) -> None:
+        """Sum ``buffer`` (bucket ``index``, or zeros of its size) over the group in place:
+        by MPI for float32/float64, around a ring on the group's communicator where the
+        runtime says so (large buckets, sooner across hosts: ``Runtime.ring_carries``), by
+        ``allreduce_16bit_`` (float32 accumulation, 2 bytes per element on the wire, MPI
+        has no 16-bit float sum) for float16/bfloat16."""
         if buffer.dtype in HALF_DTYPES:
             allreduce_16bit_(self.comm, buffer)
-        elif self._rt.ring_carries(self.group, buffer.numel() * buffer.element_size()):
-            self._ring().allreduce_(buffer, operation)
+        elif self._over_ring[index]:
+            self._ring.allreduce_(buffer, self._mpi_ops[index])
         else:
-            self.comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=operation)
+            self.comm.Allreduce(MPI.IN_PLACE, as_buffer(buffer), op=self._mpi_ops[index])
 
-    def _ring(self) -> PeerRing:
+    def _make_ring(self) -> PeerRing:
         """The ring over this reducer's communicator (its ranks are positions in the group);
         each step bounded as the group rings' are."""
         config, liveness = self._rt.config, self._rt.liveness
@@ -341,10 +347,10 @@ class BucketReducer:
         if agreement.active == 0:  # every member has joined: the reducers are in step again
             self._join_settled = True
             return False
-        for buffer, operation in zip(self.buffers, self._mpi_ops):
+        for index, buffer in enumerate(self.buffers):
             if self._wire is None:
-                self._allreduce(self._rt.buffers.get(buffer.dtype, buffer.numel()).zero_(),
-                                operation)
+                self._allreduce(index,
+                                self._rt.buffers.get(buffer.dtype, buffer.numel()).zero_())
             else:
                 allreduce_16bit_(self.comm, self._wire[:buffer.numel()].zero_())
         self.epoch = agreement.epoch + 1
