@@ -14,7 +14,10 @@ two-member group across hosts); and the rate of
 one stream of ``--model-mb`` from a rank of each host to the next host, alone and with every
 host sending at once (do the links stay independent when all carry traffic?). And the
 ring schedule ripples runs instead of ``MPI.Allreduce`` from 256 KiB across hosts, over
-``Sendrecv`` among all ranks and between two ranks on two hosts (``ring_s``). Pure
+``Sendrecv`` among all ranks, between two ranks on two hosts, and among the ranks of each
+host, every host at once (``ring_s``; ripples runs it within a host from 16 MiB: its
+additions and copies share the cores with every other rank, which a ping-pong on an idle
+host does not see). Pure
 communication (the ring's additions aside). Without ``--netcluster`` the job runs on this host.
 """
 from __future__ import annotations
@@ -139,7 +142,8 @@ def worker(args) -> None:
     measured = {name: allreduce_s(comm, groups, nbytes, args.iterations)
                 for name, groups in checks.items()}
     rings = {name: ring_s(comm, checks[name], nbytes, args.iterations)
-             for name in ("all ranks", "a pair across hosts") if name in checks}
+             for name in ("all ranks", "a pair across hosts",
+                          "each host's ranks, all hosts at once") if name in checks}
     firsts = [g[0] for g in nodes]
     streams = {} if len(nodes) < 2 else {
         "one stream alone": streams_gbps(comm, firsts[:1], per_host, nbytes, args.iterations),

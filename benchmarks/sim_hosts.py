@@ -1,6 +1,7 @@
 """The simulator against training runs across emulated hosts, its links measured apart.
 
     python benchmarks/sim_hosts.py --link benchmarks/results/link_hosts4x2_1gbit.json \\
+        --compute benchmarks/results/step_spread_hosts4x2_20mb_*.json \\
         --runs benchmarks/results/train_hosts4x2_1gbit_20mb_*.json \\
         --json benchmarks/results/sim_hosts4x2_1gbit.json
 
@@ -21,13 +22,24 @@ ranks per host, the model's bytes (the MLP plus ``--model-mb``), and the links a
   between two ranks on two hosts (``--inter-pair-gbps``);
 * ``ring`` (where the link file has it): as ``allreduce_pair``, fitted to ripples' ring
   schedule over ``Sendrecv`` (``ring_s``) instead of ``MPI.Allreduce``: what ripples runs
-  from 256 KiB across hosts since 2026-11-29;
-* ``fair``: the ``allreduce_pair`` calibration (else ``allreduce``), with the links
+  from 256 KiB across hosts since 2026-11-29; and, where the file has the ring among each
+  host's ranks (all hosts at once), the intra-node bandwidth at which the model's ring
+  reproduces it, or the ``MPI.Allreduce`` among them below 16 MiB, where ripples does not
+  take the ring within a host (the additions and copies share the 2 cores with the other
+  ranks: at 20 MB the ring among each host's two ranks is 20-30x slower than the
+  ping-pong's bandwidth says);
+* ``fair``: the ``ring`` calibration (else ``allreduce_pair``, else ``allreduce``), with the links
   shared fairly for as long as collectives overlap (``--link-sharing fair``) and a 2%
   spread of step times (``--step-jitter 0.02``), which fair sharing needs: without it
   identical workers finish in exact ties.
 
-Neither comes from the training runs. The target (all-reduce steps to the target accuracy)
+With ``--compute``, every calibration also takes the step's compute time and its spread
+as ``benchmarks/step_spread.py`` measured them with the same ranks and model and no
+communication: the emulated compute, the jitter of 8 ranks sharing 2 cores, and the
+update of the whole model, which the training runs pay after each collective and which a
+slowdown does not stretch.
+
+None of these comes from the training runs. The target (all-reduce steps to the target accuracy)
 comes from ``--target-from``, a run of the same MLP, when a run's own all-reduce never
 reached it. Rows: median over the runs of measured and simulated throughput per (scenario,
 mode, model) and the error of the simulation.
@@ -42,6 +54,7 @@ import sys
 from pathlib import Path
 
 from harness import report, stats
+from ripples.core.config import RING_MIN_BYTES
 
 MLP_MB = 0.03588  # the digits MLP's 8,970 float32 parameters (``ripples sim`` preset)
 FAIR_STEP_JITTER = 0.02
@@ -52,6 +65,12 @@ def ring_bandwidth(nbytes: float, members: int, seconds: float, latency_s: float
     ``seconds`` (the network model's formula solved for the bandwidth)."""
     steps = 2 * (members - 1)
     return steps * nbytes / members / (seconds - steps * latency_s)
+
+
+def replaced(flags: list, name: str, value: str) -> list:
+    """``flags`` with the value after ``name`` set to ``value``."""
+    at = flags.index(name) + 1
+    return flags[:at] + [value] + flags[at + 1:]
 
 
 def calibrations(link: dict) -> dict:
@@ -80,7 +99,14 @@ def calibrations(link: dict) -> dict:
             pair = ring_bandwidth(link["model_mb"] * 1e6, 2, rings["a pair across hosts"],
                                   inter["latency_us"] * 1e-6)
             found["ring"] += ["--inter-pair-gbps", f"{pair * 8 / 1e9:.4f}"]
-    found["fair"] = list(found.get("allreduce_pair", found["allreduce"])) + [
+        # Within one host ripples runs the ring from RING_MIN_BYTES, MPI.Allreduce below.
+        on_host = (rings if link["model_mb"] * 1e6 >= RING_MIN_BYTES else
+                   link["allreduce_s"]).get("each host's ranks, all hosts at once")
+        if on_host is not None and link["ranks_per_host"] > 1:
+            host = ring_bandwidth(link["model_mb"] * 1e6, link["ranks_per_host"], on_host,
+                                  intra["latency_us"] * 1e-6)
+            found["ring"] = replaced(found["ring"], "--intra-gbps", f"{host * 8 / 1e9:.4f}")
+    found["fair"] = list(found.get("ring", found.get("allreduce_pair", found["allreduce"]))) + [
         "--link-sharing", "fair", "--step-jitter", str(FAIR_STEP_JITTER)]
     return found
 
@@ -101,6 +127,15 @@ def median_link(links: list) -> dict:
             if all(name in link.get(kind, {}) for link in links):
                 merged[kind][name] = stats.median([link[kind][name] for link in links])
     return merged
+
+
+def compute_flags(spreads: list) -> list:
+    """``ripples sim`` flags of the step as ``benchmarks/step_spread.py`` measured it (the
+    medians of several runs): the padded compute, the spread of its time from rank to rank
+    and step to step, and the update after it."""
+    return [flag for key, flag in (("step_ms", "--step-ms"), ("step_jitter", "--step-jitter"),
+                                   ("update_ms", "--update-ms"))
+            for flag in (flag, f"{stats.median(s[key] for s in spreads):.4f}")]
 
 
 def compare_runs(runs: list, steps: int, flags: dict, seeds=(), sim_flags=()) -> list:
@@ -156,6 +191,11 @@ def main(argv=None) -> int:
     parser.add_argument("--target-from", default=str(Path(__file__).parent / "results" /
                                                      "train_np8.json"),
                         help="run whose homogeneous all-reduce gives the target in steps")
+    parser.add_argument("--compute", nargs="+",
+                        help="benchmarks/step_spread.py's JSON for the runs' model (several: "
+                             "their medians): every calibration then takes its measured step "
+                             "time and spread (--step-ms, --step-jitter) instead of the "
+                             "emulated compute alone")
     parser.add_argument("--sim-flags", default="",
                         help="more ripples sim flags for every calibration, e.g. "
                              "--sim-flags='--step-jitter 0.02'")
@@ -170,6 +210,9 @@ def main(argv=None) -> int:
     link = median_link([json.loads(Path(path).read_text()) for path in args.link])
     steps = target_steps(json.loads(Path(args.target_from).read_text()))
     flags = calibrations(link)
+    if args.compute:
+        step = compute_flags([json.loads(Path(path).read_text()) for path in args.compute])
+        flags = {name: calibration + step for name, calibration in flags.items()}
     rows = compare_runs([json.loads(Path(path).read_text()) for path in args.runs],
                         steps, flags, [seed for seed in args.seeds.split(",") if seed],
                         shlex.split(args.sim_flags))
@@ -186,6 +229,7 @@ def main(argv=None) -> int:
               ", ".join(f"{r[f'sim_{n}_mean_group_size']:.2f}" for n in flags))
     if args.json:
         report.write_json(args.json, {"link": args.link, "runs": args.runs,
+                                      "compute": args.compute,
                                       "sim_flags": args.sim_flags, "seeds": args.seeds,
                                       "target_steps": steps, "calibrations": flags,
                                       "rows": rows})

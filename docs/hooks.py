@@ -247,9 +247,12 @@ def _rows(name: str, data) -> List[dict]:
                     else row for row in found]
         if isinstance(found, dict):
             return [{"row": k, **_flatten("", v)} for k, v in found.items()]
-    # Anything else: its scalar facts, one row per top-level dict.
-    return [{"part": k, **_flatten("", v)} for k, v in data.items() if isinstance(v, dict)
-            and k not in ("args", "settings", "header", "assumptions")]
+    # Anything else: its scalar facts, one row per top-level dict, or one row of the
+    # top-level scalars where it has none.
+    parts = [{"part": k, **_flatten("", v)} for k, v in data.items() if isinstance(v, dict)
+             and k not in ("args", "settings", "header", "assumptions")]
+    return parts or [{k: v for k, v in data.items() if not isinstance(v, (list, dict))
+                      and k not in ("command", "date", "machine", "cores", "cluster")}]
 
 
 def _columns(name: str, rows: List[dict]) -> Optional[List[str]]:

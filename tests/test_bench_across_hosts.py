@@ -101,6 +101,8 @@ def test_the_fair_calibration_is_the_last_one_with_fair_links_and_a_step_spread(
     assert paired["fair"] == paired["allreduce_pair"] + fair_tail
     unpaired = sim_hosts.calibrations(_link())
     assert unpaired["fair"] == unpaired["allreduce"] + fair_tail
+    ringed = sim_hosts.calibrations({**_link(pair_s=0.4), "ring_s": {"all ranks": 0.5}})
+    assert ringed["fair"] == ringed["ring"] + fair_tail  # what ripples runs, where measured
 
 
 def test_the_ring_calibration_reproduces_the_measured_ring_of_all_ranks_and_of_a_pair():
@@ -115,3 +117,40 @@ def test_the_ring_calibration_reproduces_the_measured_ring_of_all_ranks_and_of_a
     assert network.allreduce_s(20e6, 2, 2) == pytest.approx(0.3, rel=1e-3)
     merged = sim_hosts.median_link([link, {**link, "ring_s": {"all ranks": 0.7}}, link])
     assert merged["ring_s"] == {"all ranks": 0.5}
+
+
+@pytest.mark.parametrize("model_mb,taken", [(20.0, "ring_s"), (2.0, "allreduce_s")])
+def test_the_ring_calibration_takes_the_intra_host_bandwidth_from_what_ripples_runs_there(
+        model_mb, taken):
+    # From 16 MiB ripples runs its ring within a host, below it MPI.Allreduce: the on-host
+    # bandwidth is fitted to the one it runs at the link's payload, not to the ping-pong.
+    on_host = "each host's ranks, all hosts at once"
+    link = {**_link(), "model_mb": model_mb,
+            "ring_s": {"all ranks": 0.5, on_host: 0.03}}
+    link["allreduce_s"] = {**link["allreduce_s"], on_host: 0.01}
+    flags = dict(zip(sim_hosts.calibrations(link)["ring"][::2],
+                     sim_hosts.calibrations(link)["ring"][1::2]))
+    network = Network(workers_per_node=2,
+                      intra=Link(80e-6, float(flags["--intra-gbps"]) * 1e9 / 8))
+    assert network.allreduce_s(model_mb * 1e6, 2, 1) == pytest.approx(link[taken][on_host],
+                                                                      rel=1e-3)
+    ring = sim_hosts.calibrations(link)["ring"]
+    assert ring.count("--intra-gbps") == 1
+    unmeasured = sim_hosts.calibrations({**_link(), "ring_s": {"all ranks": 0.5}})
+    assert unmeasured["ring"][:6] == unmeasured["pingpong"][:6]  # the ping-pong's intra link
+
+
+def test_compute_flags_are_the_medians_of_the_measured_step_spread():
+    runs = [{"step_ms": 50.0, "step_jitter": 0.03, "update_ms": 9.0},
+            {"step_ms": 52.0, "step_jitter": 0.02, "update_ms": 12.0},
+            {"step_ms": 51.0, "step_jitter": 0.04, "update_ms": 8.0}]
+    assert sim_hosts.compute_flags(runs) == ["--step-ms", "51.0000", "--step-jitter", "0.0300",
+                                             "--update-ms", "9.0000"]
+
+
+def test_the_lognormal_spread_recovers_the_sigma_of_lognormal_times():
+    import numpy as np
+    import step_spread
+    times = np.exp(0.05 * np.random.default_rng(0).standard_normal(20000)) * 0.05
+    assert step_spread.lognormal_spread(times.tolist()) == pytest.approx(0.05, rel=0.05)
+    assert step_spread.lognormal_spread([0.05] * 10) == 0.0

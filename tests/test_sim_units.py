@@ -22,6 +22,22 @@ def test_compute_from_step_time_or_flops():
     assert Compute(flops_per_step=4e11, device_flops=4e12).seconds == pytest.approx(0.1)
     with pytest.raises(ValueError, match="step_s, or flops_per_step"):
         Compute()
+    with pytest.raises(ValueError, match="update_s must be >= 0"):
+        Compute(step_s=0.05, update_s=-1.0)
+
+
+def test_a_slowdown_stretches_the_compute_and_not_the_update():
+    # One worker 5x slow: its compute takes 5 * 40 ms, the update 10 ms more, unstretched.
+    base = Scenario("static", 2, Compute(step_s=0.04, update_s=0.01),
+                    Speed("stragglers", count=1, factor=5.0), Network(workers_per_node=1),
+                    problem=SMALL, group_size=2)
+    assert base.ceiling_steps_per_s() == pytest.approx(1 / 0.05 + 1 / 0.21)
+    loop = EventLoop(base, None)
+    started = []
+    loop.push = lambda at, kind, w: started.append((w, at))
+    loop.start_compute(0)
+    loop.start_compute(1)
+    assert started == [(0, pytest.approx(0.05)), (1, pytest.approx(0.21))]
 
 
 def test_speed_models():

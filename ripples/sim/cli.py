@@ -88,6 +88,9 @@ all-reduce reaches after --target-steps synchronous steps. Example:
                         "(default 0: identical workers step in exact ties)")
     g.add_argument("--step-ms", type=float, help="measured compute time of one step (ms); "
                    "default 100 unless --flops-per-step and --device-tflops are given")
+    g.add_argument("--update-ms", type=float, default=0.0,
+                   help="local update of every step (ms), not stretched by a slowdown "
+                        "(default 0)")
     g.add_argument("--flops-per-step", type=float, help="FLOPs of one step (forward+backward)")
     g.add_argument("--device-tflops", type=float, help="sustained TFLOP/s of one device")
     g = p.add_argument_group("network (alpha-beta, two levels)")
@@ -179,10 +182,11 @@ def scenario_from_args(args) -> tuple:
         if args.step_ms is None:
             values["step_ms"] = None
     if values["step_ms"] is not None:
-        compute = Compute(step_s=values["step_ms"] / 1e3)
+        compute = Compute(step_s=values["step_ms"] / 1e3, update_s=args.update_ms / 1e3)
     else:
         compute = Compute(flops_per_step=values["flops_per_step"],
-                          device_flops=(values["device_tflops"] or 0) * 1e12)
+                          device_flops=(values["device_tflops"] or 0) * 1e12,
+                          update_s=args.update_ms / 1e3)
     network = Network(
         workers_per_node=values["workers_per_node"],
         intra=Link(values["intra_latency_us"] * 1e-6, values["intra_gbps"] * 1e9 / 8),

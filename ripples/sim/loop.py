@@ -92,6 +92,7 @@ class EventLoop:
         self.clock = Clock()
         self.speed = s.speed.sampler(n, s.seed)
         self.step_s = s.compute.seconds
+        self.update_s = s.compute.update_s
         self.stats = Workers(s.problem, n, seed=s.seed)
         self.events: list = []
         self.order = itertools.count()
@@ -160,7 +161,7 @@ class EventLoop:
 
     def start_compute(self, w: int) -> None:
         """Worker ``w`` computes one step; the ``"computed"`` event comes when it ends."""
-        t = self.step_s * self.speed.factor(w)
+        t = self.step_s * self.speed.factor(w) + self.update_s
         self.last_compute[w] = t
         self.computing[w] = True
         self.push(self.clock.now + t, "computed", w)

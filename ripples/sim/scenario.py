@@ -122,4 +122,4 @@ class Scenario:
     def ceiling_steps_per_s(self) -> float:
         """``sum_i v_i``: every worker stepping at its own mean speed, never waiting."""
         factors = self.speed.expected_factors(self.workers, self.seed)
-        return float((1.0 / (self.compute.seconds * factors)).sum())
+        return float((1.0 / (self.compute.seconds * factors + self.compute.update_s)).sum())

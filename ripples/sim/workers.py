@@ -1,8 +1,9 @@
 """How long each simulated worker's step takes: a compute model times a speed model.
 
-A step of worker ``w`` takes ``compute.step_s * speed.factor(w, step)``: the compute model
-gives the time of one step on a nominal worker, the speed model the slowdown of this
-worker at this step (1 = nominal, 5 = five times slower). Slow workers are the highest
+A step of worker ``w`` takes ``compute.seconds * speed.factor(w, step) + compute.update_s``:
+the compute model gives the time of one step on a nominal worker, the speed model the
+slowdown of this worker at this step (1 = nominal, 5 = five times slower), which does not
+stretch the local update. Slow workers are the highest
 ranks, as in ``benchmarks/train.py`` (``--slowdown {last}:5``).
 """
 from __future__ import annotations
@@ -21,12 +22,18 @@ class Compute:
 
     Either ``step_s`` (a measured or emulated step time) or ``flops_per_step`` and
     ``device_flops`` (sustained FLOP/s of the device): ``step_s = flops / rate``.
+    ``update_s``: the local update of every step (the optimizer's pass over the model),
+    which a slow worker's slowdown does not scale (``benchmarks/train.py`` slows the padded
+    forward and backward only); 0 by default.
     """
     step_s: Optional[float] = None
     flops_per_step: Optional[float] = None
     device_flops: Optional[float] = None
+    update_s: float = 0.0
 
     def __post_init__(self):
+        if not self.update_s >= 0:
+            raise ValueError(f"update_s must be >= 0 seconds, got {self.update_s!r}")
         if self.step_s is None:
             if not (self.flops_per_step and self.device_flops):
                 raise ValueError("Compute needs step_s, or flops_per_step and device_flops")
