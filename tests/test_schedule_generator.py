@@ -319,6 +319,38 @@ def test_divide_by_node_sends_one_representative_per_node_across():
     assert crossing == [(0, 4, 8)]  # each node's link carries one group
 
 
+def test_divide_by_node_lets_a_worker_alone_on_its_node_stay_alone_outside_cross_divisions():
+    # nodes of 2: {0}, {2}, {4, 5}, {6} ready; 0 may stay alone, 2 and 6 may not: they cross
+    groups = divide_by_node([0, 2, 6, 4, 5], 2, 2, _in_order, cross=False,
+                            may_stay_alone=lambda w: w == 0)
+    assert groups == [(0,), (4, 5), (2, 6)]
+    # a cross division sends one representative per node across (0, 2, 4, 6) and 5, left
+    # alone, with them, whoever may stay alone: no group of one
+    assert divide_by_node([0, 2, 6, 4, 5], 2, 2, _in_order, cross=True,
+                          may_stay_alone=lambda w: True) == [(0, 2), (4, 5, 6)]
+
+
+def test_node_aware_generator_steps_a_lone_node_worker_alone_then_crosses():
+    """Workers 0 and 2 sit on different nodes, their node-mates are away: outside cross
+    divisions each takes max_isolation steps alone (no group over the slow link), then
+    they are divided across nodes together."""
+    now = [0.0]
+    gen = GroupGenerator(4, 2, seed=0, max_isolation=2, first_wait_s=0.0, ranks_per_node=2,
+                         cross_node_every=100, clock=lambda: now[0])
+    gen.away(1)
+    gen.away(3)
+    answers = []
+    for _ in range(4):
+        now[0] += 1.0
+        gen.request(0)
+        gen.request(2)
+        answers.append(gen.poll())
+    assert answers == [{0: [(0, (0, 2))], 2: [(0, (0, 2))]},  # division 0 crosses nodes
+                       {0: [(1, (0,))], 2: [(2, (2,))]},
+                       {0: [(3, (0,))], 2: [(4, (2,))]},
+                       {0: [(5, (0, 2))], 2: [(5, (0, 2))]}]  # alone twice: now across
+
+
 @pytest.mark.parametrize("cross_node_every", [1, 3])
 def test_node_aware_generator_keeps_the_invariants_and_mostly_stays_on_nodes(cross_node_every):
     rng = random.Random(cross_node_every)
