@@ -6,6 +6,11 @@ them apart from the runs, shared fairly, with a 2% spread of step times. Each ru
 simulated with seeds 0-4 and the median over runs and seeds is compared with the median
 measured throughput (``docs/simulator.md``, "Fair link sharing").
 
+The node-aware generator is not compared here: it changed after these runs (a worker ready
+alone on its node now steps alone instead of joining a group across nodes), so the
+simulator, which runs the real generator, no longer simulates what these runs measured.
+``test_sim_hosts_1gbit_validation.py`` compares it with runs of the current generator.
+
 Rows known to miss 15% are expected failures (strict: the test fails if one starts to
 fit, so the statement stays true): the topology-blind generator in every scenario (the
 simulated one forms other groups; its rate spreads by 20-50 points over seeds), and
@@ -29,8 +34,7 @@ pytestmark = pytest.mark.xdist_group("sim_hosts_validation")  # one module-scope
 RESULTS = REPO_DIR / "benchmarks" / "results"
 SEEDS = range(5)
 SCENARIOS = ("homogeneous", "one-slow", "random-slow")
-MODES = ("allreduce", "static", "random", "generator", "generator-node", "adpsgd",
-         "adpsgd-sync")
+MODES = ("allreduce", "static", "random", "generator", "adpsgd", "adpsgd-sync")
 KNOWN_GAPS = {(s, m) for s in SCENARIOS for m in ("generator", "adpsgd")}
 
 
@@ -49,7 +53,7 @@ def rows():
 
 
 def test_every_measured_row_is_compared(rows):
-    assert sorted(rows) == sorted((s, m) for s in SCENARIOS for m in MODES)
+    assert sorted(rows) == sorted((s, m) for s in SCENARIOS for m in MODES + ("generator-node",))
 
 
 @pytest.mark.parametrize("scenario,mode", [

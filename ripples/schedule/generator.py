@@ -50,7 +50,7 @@ worker does, while it has been alone fewer than ``max_isolation`` divisions in a
 after that it is divided across nodes with the others so left alone. Ready workers arrive
 one by one, so a division often finds one worker of a node ready: dividing those across
 nodes made most groups cross the slow link after all (4 emulated hosts x 2 ranks at 1
-Gbit/s, 20 MB model: 23.6 steps/s, against 39.1 with the lone step).
+Gbit/s, 20 MB model: 23.6-26.6 steps/s, against 36.9-37.8 with the lone step).
 """
 from __future__ import annotations
 
