@@ -38,6 +38,7 @@ def test_a_slowdown_stretches_the_compute_and_not_the_update():
     loop.start_compute(0)
     loop.start_compute(1)
     assert started == [(0, pytest.approx(0.05)), (1, pytest.approx(0.21))]
+    assert loop.last_compute == [pytest.approx(0.04), pytest.approx(0.2)]  # overlappable
 
 
 def test_speed_models():

@@ -161,10 +161,10 @@ class EventLoop:
 
     def start_compute(self, w: int) -> None:
         """Worker ``w`` computes one step; the ``"computed"`` event comes when it ends."""
-        t = self.step_s * self.speed.factor(w) + self.update_s
-        self.last_compute[w] = t
+        compute = self.step_s * self.speed.factor(w)
+        self.last_compute[w] = compute  # what a gradient all-reduce can overlap; not the update
         self.computing[w] = True
-        self.push(self.clock.now + t, "computed", w)
+        self.push(self.clock.now + compute + self.update_s, "computed", w)
 
     def step_ended(self, w: int) -> None:
         """Account for worker ``w``'s finished step (the start of every ``computed``)."""
