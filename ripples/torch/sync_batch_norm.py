@@ -13,6 +13,7 @@ only, so the statistics here are plain torch arithmetic, the same code on every 
 """
 from __future__ import annotations
 
+import inspect
 from typing import Optional
 
 import torch
@@ -115,6 +116,10 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None, None, None, None, None
 
 
+# BatchNorm's `bias` argument is recent (a torch before it, e.g. 2.11, rejects the keyword).
+_BATCH_NORM_TAKES_BIAS = "bias" in inspect.signature(_BatchNorm.__init__).parameters
+
+
 class SyncBatchNorm(_BatchNorm):
     """Batch normalization over ``(N, C, ...)`` inputs (2-D and more: any of
     ``BatchNorm1d``/``2d``/``3d``'s) with batch statistics synchronized across the members
@@ -143,8 +148,16 @@ class SyncBatchNorm(_BatchNorm):
         if not isinstance(process_set, ProcessSet):
             raise TypeError("SyncBatchNorm(process_set=...) must be an hvd.ProcessSet, got "
                             f"{type(process_set).__name__}")
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype,
-                         bias=bias)
+        if _BATCH_NORM_TAKES_BIAS:
+            super().__init__(num_features, eps, momentum, affine, track_running_stats, device,
+                             dtype, bias=bias)
+        elif not bias:
+            raise TypeError(f"SyncBatchNorm(bias=False) needs a torch whose BatchNorm takes "
+                            f"`bias` (torch {torch.__version__} has none): upgrade torch or "
+                            "leave bias=True")
+        else:
+            super().__init__(num_features, eps, momentum, affine, track_running_stats, device,
+                             dtype)
         self.process_set = process_set
 
     def _check_input_dim(self, input):
