@@ -8,6 +8,8 @@ one GPU), so this measures what ripples adds around the call, not the network:
 - ``ripples NcclCommunicator``: the same call through ``ripples.comm.nccl`` (argument
   checks and the watchdog's two CUDA events), then a stream sync; ``unwatched``: the
   same without a watchdog;
+- ``direct + 2 events``: the direct call between two CUDA event records, the watchdog's
+  events without its bookkeeping (splits the watchdog's cost into the two);
 - ``ripples allreduce_``: ``hvd.allreduce_`` of a CUDA tensor in a one-rank job (the whole
   Python path; a group of one makes no NCCL call, it scales in place), then a sync.
 
@@ -43,6 +45,7 @@ def main(argv=None) -> dict:
     import ripples.torch as hvd
     from ripples.comm.nccl import NcclCommunicator, nccl_version
     from ripples.comm.nccl_watchdog import NcclWatchdog
+    from ripples.kernels.streams import CudaEvent
 
     hvd.init()
     device = torch.device("cuda", 0)
@@ -55,7 +58,7 @@ def main(argv=None) -> dict:
     print(f"device: {torch.cuda.get_device_name(device)}, NCCL {nccl_version()}, torch "
           f"{torch.__version__}, compute: none (latency of one call, synchronized)")
     print(f"{'bytes':>8} {'nccl direct(us)':>16} {'NcclCommunicator(us)':>21} "
-          f"{'unwatched(us)':>14} {'allreduce_(us)':>15} {'added(us)':>10}")
+          f"{'unwatched(us)':>14} {'+2 events(us)':>14} {'allreduce_(us)':>15} {'added(us)':>10}")
     rows = []
     for nbytes in SIZES:
         x = torch.ones(nbytes // 4, device=device)
@@ -63,10 +66,20 @@ def main(argv=None) -> dict:
         def sync(_=None):
             stream.synchronize()
 
+        began, done = CudaEvent(device.index), CudaEvent(device.index)
+
+        def direct_between_events(_):
+            began.record(stream.cuda_stream)
+            direct.allReduce(x.data_ptr(), x.data_ptr(), x.numel(), nccl.NCCL_FLOAT32,
+                             nccl.NCCL_SUM, stream.cuda_stream)
+            done.record(stream.cuda_stream)
+            sync()
+
         calls = {
             "nccl direct": lambda _: (direct.allReduce(x.data_ptr(), x.data_ptr(), x.numel(),
                                                        nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
                                                        stream.cuda_stream), sync()),
+            "direct + 2 events": direct_between_events,
             "ripples NcclCommunicator": lambda _: (ours.allreduce(x, x, "sum"), sync()),
             "NcclCommunicator unwatched": lambda _: (unwatched.allreduce(x, x, "sum"), sync()),
             "ripples allreduce_": lambda _: (hvd.allreduce_(x, op=hvd.Sum), sync()),
@@ -78,7 +91,8 @@ def main(argv=None) -> dict:
                    med["ripples NcclCommunicator"] - med["nccl direct"]}
         rows.append(row)
         print(f"{nbytes:>8} {med['nccl direct']:>16.1f} {med['ripples NcclCommunicator']:>21.1f} "
-              f"{med['NcclCommunicator unwatched']:>14.1f} {med['ripples allreduce_']:>15.1f} "
+              f"{med['NcclCommunicator unwatched']:>14.1f} {med['direct + 2 events']:>14.1f} "
+              f"{med['ripples allreduce_']:>15.1f} "
               f"{row[list(row)[-1]]:>10.1f}")
     inits = []
     for _ in range(args.inits):
