@@ -53,9 +53,12 @@ def test_every_index_exactly_once_per_epoch_with_a_slow_rank(drop_last, batch_si
         everyone = hvd.allgather_object(seen)
         merged = sorted(i for theirs in everyone for i in theirs)
         assert merged == expected_indices(sampler, n, epoch), epoch  # once each, none twice
-        if SIZE > 1:  # the slow rank takes a smaller share than any fast one
+        if SIZE > 1:  # the slow rank takes a clearly smaller share than the fast ones
+            # (against their mean, not each: on a loaded machine one fast rank can be held
+            # up as long as the slow one, seen as [88, 56, 28, 28] with 12 test processes)
             counts = [len(theirs) for theirs in everyone]
-            assert counts[SLOW] < min(c for r, c in enumerate(counts) if r != SLOW), counts
+            fast = [c for r, c in enumerate(counts) if r != SLOW]
+            assert counts[SLOW] < 2 / 3 * sum(fast) / len(fast), counts
 
 
 def test_a_dataloader_with_worker_processes_sees_every_index_once():
