@@ -191,12 +191,7 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    launch.run_job(args.np, launch.script_command(
-        __file__, "--worker", "--iterations", args.iterations, "--model-mb", args.model_mb,
-        *(["--netcluster"] if args.netcluster else []), *(["--json", args.json] if args.json
-                                                          else [])),
-        across_hosts=args.netcluster, timeout=600)
-    return 0
+    return launch.run_as_workers(__file__, argv, args.np, across_hosts=args.netcluster)
 
 
 if __name__ == "__main__":

@@ -77,11 +77,7 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    launch.run_job(args.np, launch.script_command(
-        __file__, "--worker", "--model-mb", args.model_mb, "--compute-ms", args.compute_ms,
-        "--seconds", args.seconds, *(["--json", args.json] if args.json else [])),
-        timeout=120 + args.seconds)
-    return 0
+    return launch.run_as_workers(__file__, argv, args.np, timeout=120 + args.seconds)
 
 
 if __name__ == "__main__":

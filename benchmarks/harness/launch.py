@@ -101,6 +101,18 @@ def run_job(ranks: int, argv: Sequence[str], env: Optional[dict] = None,
                           text=capture or None)
 
 
+def run_as_workers(script: str, argv: Optional[Sequence[str]], ranks: int,
+                   across_hosts: bool = False, timeout: Optional[float] = 600) -> int:
+    """Run ``script`` again with its own arguments (``argv``; None: this command line's)
+    plus ``--worker``, as the ``ranks`` ranks of a job (on the emulated cluster with
+    ``across_hosts``): how a benchmark whose ranks do the measuring starts them. 0, or
+    ``CalledProcessError`` when the job fails."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    run_job(ranks, script_command(script, *given, "--worker"), timeout=timeout,
+            across_hosts=across_hosts)
+    return 0
+
+
 def relaunch(ranks: int, env: Optional[dict] = None) -> int:
     """Run this very command line again under ``mpiexec -n ranks``; its exit status."""
     command = mpiexec_command(ranks, [sys.executable, *sys.argv])
