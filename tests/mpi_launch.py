@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from ripples.runner.launch import SHM_DIR_PARAM, new_shm_dir
+
 TESTS_DIR = Path(__file__).resolve().parent
 PMIX_START_FAILURE = "The PMIx server's listener thread failed to start"
 REPO_DIR = TESTS_DIR.parent
@@ -58,8 +60,22 @@ def run_mpi(argv: list[str], nprocs: int, timeout: float = 180, env: dict | None
 
     With ``check`` a non-zero exit fails the calling test and shows the output.
     """
+    # A shared-memory directory of the job's own, as ripplesrun gives (see job_shm_dir).
+    shm_dir = new_shm_dir()
     cmd = [find_mpiexec(), "-n", str(nprocs), "--oversubscribe", "--bind-to", "none",
-           *mpiexec_args, *argv]
+           *(["--mca", SHM_DIR_PARAM, shm_dir] if shm_dir else []), *mpiexec_args, *argv]
+    try:
+        proc, out = _run_with_one_retry(cmd, timeout, env)
+    finally:
+        if shm_dir:
+            shutil.rmtree(shm_dir, ignore_errors=True)
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    if check and proc.returncode != 0:
+        pytest.fail(f"exit code {proc.returncode}: {' '.join(cmd)}\n{out}")
+    return result
+
+
+def _run_with_one_retry(cmd: list[str], timeout: float, env: dict | None):
     for attempt in range(2):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=mpi_env(env), cwd=str(REPO_DIR),
@@ -76,10 +92,7 @@ def run_mpi(argv: list[str], nprocs: int, timeout: float = 180, env: dict | None
             break
         print(f"mpiexec failed to start (PMIx), launching again: {' '.join(cmd)}",
               file=sys.stderr)
-    result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-    if check and proc.returncode != 0:
-        pytest.fail(f"exit code {proc.returncode}: {' '.join(cmd)}\n{out}")
-    return result
+    return proc, out
 
 
 def run_launcher(argv: list[str], timeout: float, env: dict | None = None,

@@ -394,13 +394,15 @@ def oversubscription_warning(args: argparse.Namespace, cpu_count: int) -> Option
 
 def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpiexec",
                   environ: Optional[Mapping[str, str]] = None,
-                  is_root: Optional[bool] = None) -> Tuple[List[str], Dict[str, str]]:
+                  is_root: Optional[bool] = None,
+                  shm_dir: Optional[str] = None) -> Tuple[List[str], Dict[str, str]]:
     """Build ``(argv, env)`` for the mpiexec job described by parsed ``args``. Launches nothing.
 
     ``cpu_count`` is the number of slots when no hosts are given; ``environ`` (default
     ``os.environ``) is the base environment; ``is_root`` defaults to ``os.geteuid() == 0``.
     A ``-x NAME`` without a value forwards NAME from ``environ`` (its value stays out of the
-    printed command line); ValueError if ``environ`` lacks it.
+    printed command line); ValueError if ``environ`` lacks it. ``shm_dir``: where Open MPI
+    keeps the job's shared-memory segments (see ``job_shm_dir``).
     """
     if cpu_count < 1:
         raise ValueError(f"cpu_count must be >= 1, got {cpu_count}")
@@ -408,6 +410,8 @@ def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpie
     if is_root is None:
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     argv = [mpiexec, "-n", str(args.np)]
+    if shm_dir is not None:
+        argv += ["--mca", SHM_DIR_PARAM, shm_dir]
     if args.hosts is not None:
         argv += ["--host", ",".join(f"{name}:{n}" for name, n in parse_hosts(args.hosts))]
     elif args.hostfile is not None:
@@ -438,6 +442,34 @@ def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpie
     return argv, env
 
 
+SHM_DIR_PARAM = "btl_sm_backing_directory"
+
+
+def job_shm_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> Optional[str]:
+    """A new directory under ``/dev/shm`` for the shared-memory segments of a job whose ranks
+    all run on this host, or None (ranks on other hosts, no ``/dev/shm``, or the user chose
+    a directory). The caller removes it once the job has ended.
+
+    Open MPI names a job's segment files after its id, a hash of ``mpiexec``'s process id,
+    and leaves them behind when ``mpiexec`` is killed (a timeout, ``ripplesrun`` ending a
+    job). Once process ids wrap, a later job may open such a file, stale contents and all;
+    a directory of its own per job rules that out."""
+    chosen = f"OMPI_MCA_{SHM_DIR_PARAM}" in environ or any(
+        SHM_DIR_PARAM in arg for arg in (args.mpi_args or []))
+    if args.hosts is not None or args.hostfile is not None or chosen:
+        return None
+    return new_shm_dir()
+
+
+def new_shm_dir() -> Optional[str]:
+    """A new directory under ``/dev/shm``, or None where there is none (not Linux) or it is
+    not writable (Open MPI then keeps its default)."""
+    try:
+        return tempfile.mkdtemp(prefix="ripples-job-", dir="/dev/shm")
+    except OSError:
+        return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ripplesrun``: parse, print the mpiexec line, run it, return its status."""
     args = parse_args(argv)
@@ -464,7 +496,8 @@ def _launch(args: argparse.Namespace, mpiexec: str) -> int:
     warning = oversubscription_warning(args, cpu_count)
     if warning:
         print(f"ripplesrun: warning: {warning}", file=sys.stderr, flush=True)
-    command, env = build_command(args, cpu_count, mpiexec)
+    shm_dir = job_shm_dir(args, os.environ)
+    command, env = build_command(args, cpu_count, mpiexec, shm_dir=shm_dir)
     print(f"ripplesrun: {shlex.join(command)}", file=sys.stderr, flush=True)
     # Open MPI 5's table of started ranks bounds the start and names the ranks to clean up
     # after mpiexec; --start-timeout 0 keeps the table, without a bound.
@@ -475,6 +508,9 @@ def _launch(args: argparse.Namespace, mpiexec: str) -> int:
     except OSError as err:
         print(f"ripplesrun: error: cannot start {mpiexec}: {err}", file=sys.stderr)
         return EXIT_NO_MPIEXEC
+    finally:
+        if shm_dir is not None:  # after run_job: the ranks left behind are gone by then
+            shutil.rmtree(shm_dir, ignore_errors=True)
 
 
 def run_elastic(args: argparse.Namespace, launch) -> int:
