@@ -497,12 +497,12 @@ def _launch(args: argparse.Namespace, mpiexec: str) -> int:
     if warning:
         print(f"ripplesrun: warning: {warning}", file=sys.stderr, flush=True)
     shm_dir = job_shm_dir(args, os.environ)
-    command, env = build_command(args, cpu_count, mpiexec, shm_dir=shm_dir)
-    print(f"ripplesrun: {shlex.join(command)}", file=sys.stderr, flush=True)
-    # Open MPI 5's table of started ranks bounds the start and names the ranks to clean up
-    # after mpiexec; --start-timeout 0 keeps the table, without a bound.
-    table = (open_mpi_major(mpiexec) or 0) >= 5
     try:
+        command, env = build_command(args, cpu_count, mpiexec, shm_dir=shm_dir)
+        print(f"ripplesrun: {shlex.join(command)}", file=sys.stderr, flush=True)
+        # Open MPI 5's table of started ranks bounds the start and names the ranks to clean
+        # up after mpiexec; --start-timeout 0 keeps the table, without a bound.
+        table = (open_mpi_major(mpiexec) or 0) >= 5
         return job_process.run_job(command, env, start_timeout_s=(
             (args.start_timeout or math.inf) if table else None))
     except OSError as err:
