@@ -27,8 +27,9 @@ def test_the_directory_goes_on_the_command_line_before_the_script():
     (["-np", "2", "-H", "h1:1,h2:1", "python", "x.py"], {}),  # ranks on other hosts
     (["-np", "2", "--mpi-args", f"--mca {SHM_DIR_PARAM} /mine", "python", "x.py"], {}),
     (["-np", "2", "python", "x.py"], {f"OMPI_MCA_{SHM_DIR_PARAM}": "/mine"}),  # the user's
+    (["-np", "8", "python", "x.py"], {"SLURM_JOB_ID": "42"}),  # mpiexec may use other nodes
 ])
-def test_no_directory_across_hosts_or_where_the_user_chose_one(argv, environ):
+def test_no_directory_across_hosts_in_an_allocation_or_where_the_user_chose_one(argv, environ):
     assert job_shm_dir(parse_args(argv), environ) is None
 
 

@@ -443,12 +443,14 @@ def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpie
 
 
 SHM_DIR_PARAM = "btl_sm_backing_directory"
+# Set inside a batch system's allocation (Slurm, PBS/Torque, LSF, Grid Engine, Flux).
+BATCH_JOB_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE", "FLUX_JOB_ID")
 
 
 def job_shm_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> Optional[str]:
     """A new directory under ``/dev/shm`` for the shared-memory segments of a job whose ranks
-    all run on this host, or None (ranks on other hosts, no ``/dev/shm``, or the user chose
-    a directory). The caller removes it once the job has ended.
+    all run on this host, or None (hosts given, inside a batch allocation, no ``/dev/shm``,
+    or the user chose a directory). The caller removes it once the job has ended.
 
     Open MPI names a job's segment files after its id, a hash of ``mpiexec``'s process id,
     and leaves them behind when ``mpiexec`` is killed (a timeout, ``ripplesrun`` ending a
@@ -456,7 +458,9 @@ def job_shm_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> Optiona
     a directory of its own per job rules that out."""
     chosen = f"OMPI_MCA_{SHM_DIR_PARAM}" in environ or any(
         SHM_DIR_PARAM in arg for arg in (args.mpi_args or []))
-    if args.hosts is not None or args.hostfile is not None or chosen:
+    # Inside a batch allocation mpiexec may place ranks on its other nodes, which lack it.
+    allocated = any(name in environ for name in BATCH_JOB_VARIABLES)
+    if args.hosts is not None or args.hostfile is not None or chosen or allocated:
         return None
     return new_shm_dir()
 
