@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ripples.torch as hvd
+from gpu_models import batch, make_model
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -13,19 +14,6 @@ torch.cuda.set_device(R % torch.cuda.device_count())
 GPU = torch.device("cuda", torch.cuda.current_device())
 CPU = torch.device("cpu")
 STEPS = 5
-
-
-def make_model(seed: int, device: torch.device) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-    return model.to(device)
-
-
-def batch(step: int, device: torch.device):
-    gen = torch.Generator().manual_seed(1000 * step + R)
-    x = torch.randn(32, 8, generator=gen)
-    y = torch.randint(0, 3, (32,), generator=gen)
-    return x.to(device), y.to(device)
 
 
 def train(device: torch.device, sync: str, **kwargs):
@@ -37,7 +25,7 @@ def train(device: torch.device, sync: str, **kwargs):
                                    **kwargs)
     sums = []
     for step in range(STEPS):
-        x, y = batch(step, device)
+        x, y = batch(step, R, device)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         local = [(p - 0.1 * p.grad).detach() for p in model.parameters()]
@@ -90,7 +78,7 @@ def test_amp_with_a_grad_scaler_keeps_the_replicas_equal():
                                    named_parameters=model.named_parameters())
     scaler = torch.amp.GradScaler("cuda")
     for step in range(STEPS):
-        x, y = batch(step, GPU)
+        x, y = batch(step, R, GPU)
         opt.zero_grad()
         with torch.autocast("cuda", dtype=torch.float16):
             loss = torch.nn.functional.cross_entropy(model(x), y)

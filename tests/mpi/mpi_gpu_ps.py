@@ -7,6 +7,7 @@ Run as a script under mpiexec; each worker prints ``GPU_PS worker=W ok`` at the 
 import torch
 
 import ripples.torch as hvd
+from gpu_models import batch, make_model
 
 hvd.init()  # the server returns never: it serves inside init() and exits
 W = hvd.rank()
@@ -16,27 +17,14 @@ GPU, CPU = torch.device("cuda", 0), torch.device("cpu")
 STEPS = 5
 
 
-def make_model(device: torch.device) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-    return model.to(device)
-
-
-def batch(step: int, device: torch.device):
-    gen = torch.Generator().manual_seed(1000 * step + W)
-    x = torch.randn(32, 8, generator=gen)
-    y = torch.randint(0, 3, (32,), generator=gen)
-    return x.to(device), y.to(device)
-
-
 def train(device: torch.device, policy: str, **kwargs):
     """STEPS steps of SGD with momentum through the servers; the parameters on the host."""
-    model = make_model(device)
+    model = make_model(0, device)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters(), sync="ps",
                                    policy=policy, **kwargs)
     for step in range(STEPS):
-        x, y = batch(step, device)
+        x, y = batch(step, W, device)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
