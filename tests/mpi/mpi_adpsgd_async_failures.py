@@ -17,6 +17,14 @@ TIMEOUT = current().config.timeout_s
 assert N == 2 and TIMEOUT <= 5, "run with 2 ranks and a short RIPPLES_TIMEOUT_S"
 
 
+@pytest.fixture(autouse=True)
+def start_together():
+    """Each test starts on both ranks at once: under load one rank's start-up (imports, test
+    collection) can lag the other's by more than the short timeout, which would time out the
+    first collective instead of the silence each test makes on purpose."""
+    MPI.COMM_WORLD.Barrier()
+
+
 def wrap():
     model = torch.nn.Linear(3, 2)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
