@@ -17,8 +17,8 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -99,19 +99,18 @@ class JobResult:
 
 
 @functools.cache
-def job(name: str) -> JobResult:
-    """Job ``name``'s result, the job run once per test run: under xdist the first worker
-    to need it runs it, holding a lock, and the others wait for it and read its result.
-    (Its tests' xdist group does not keep them in one worker with pytest 9.2 and
-    pytest-xdist 3.6: the group suffix xdist writes into node ids no longer takes effect.)"""
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run_id is None:
+def job(name: str, shared: Optional[Path] = None) -> JobResult:
+    """Job ``name``'s result, the job run once per test run. With ``shared`` (a folder all
+    xdist workers of this run see) the first worker to need it runs it, holding a lock, and
+    the others wait for it and read its result. (Its tests' xdist group does not keep them
+    in one worker with pytest 9.2 and pytest-xdist 3.6: the group suffix xdist writes into
+    node ids no longer takes effect.)"""
+    if shared is None:
         return run_job(name)
-    folder = Path(tempfile.gettempdir()) / f"ripples-ps-jobs-{run_id}"
-    folder.mkdir(exist_ok=True)
-    with open(folder / f"{name}.lock", "w") as lock:
+    shared.mkdir(exist_ok=True)
+    with open(shared / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        saved = folder / f"{name}.json"
+        saved = shared / f"{name}.json"
         if saved.exists():
             return JobResult(**json.loads(saved.read_text()))
         result = run_job(name)
@@ -135,8 +134,12 @@ def job_fixture(name: str):
     """A module-scoped fixture named ``name`` that gives job ``name``'s ``JobResult``; mark
     the tests that use it ``pytest.mark.xdist_group(name)``."""
     @pytest.fixture(scope="module", name=name)
-    def result() -> JobResult:
-        return job(name)
+    def result(tmp_path_factory) -> JobResult:
+        # Under xdist each worker's base temporary folder lies in the run's own, which
+        # pytest removes with its old runs: the results live there, not in /tmp for ever.
+        under_xdist = os.environ.get("PYTEST_XDIST_TESTRUNUID") is not None
+        shared = tmp_path_factory.getbasetemp().parent / "ps-jobs" if under_xdist else None
+        return job(name, shared)
     return result
 
 
