@@ -38,6 +38,8 @@ typedef struct {
     int size;
     int state;
     MPI_Request request;
+    MPI_Request record;  /* persistent all-reduce of mine into summed, or MPI_REQUEST_NULL */
+    int record_active;   /* started and not seen complete: it must not be freed */
     double mine[RECORD_LENGTH];
     double summed[RECORD_LENGTH];
     int64_t plan, step;
@@ -82,6 +84,18 @@ static int wait_bounded(MPI_Request *request, double deadline_s, int *done) {
     }
 }
 
+/* Every round all-reduces the same buffers on the same communicator: a persistent
+ * collective (MPI 4; Open MPI 5 has it while it reports MPI 3.1) builds its schedule
+ * once, where MPI_Iallreduce builds one per call. Measured with 1072-byte records,
+ * Open MPI 5.0.11, one host: 2.7 against 3.9 us at 2 ranks, 14.4 against 18.6 us at 4
+ * ranks on 2 cores. Where the library lacks it, or its set-up fails, rounds use
+ * MPI_Iallreduce. */
+#if MPI_VERSION >= 4 || (defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION >= 5)
+#define RL_PERSISTENT 1
+#else
+#define RL_PERSISTENT 0
+#endif
+
 void *rl_lane_new(void *comm_handle, int size) {
     rl_lane *lane = calloc(1, sizeof(rl_lane));
     if (lane == NULL) return NULL;
@@ -89,10 +103,28 @@ void *rl_lane_new(void *comm_handle, int size) {
     lane->size = size;
     lane->state = IDLE;
     lane->request = MPI_REQUEST_NULL;
+    lane->record = MPI_REQUEST_NULL;
+#if RL_PERSISTENT
+    if (MPI_Allreduce_init(lane->mine, lane->summed, RECORD_LENGTH, MPI_DOUBLE, MPI_SUM,
+                           lane->comm, MPI_INFO_NULL, &lane->record) != MPI_SUCCESS)
+        lane->record = MPI_REQUEST_NULL;
+#endif
     return lane;
 }
 
-void rl_lane_free(void *handle) { free(handle); }
+/* Free a lane. A record round still active keeps its request (MPI forbids freeing an
+ * active persistent collective), as a pending non-persistent one always did. */
+void rl_lane_free(void *handle) {
+    rl_lane *lane = handle;
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (!finalized && lane->record != MPI_REQUEST_NULL && !lane->record_active)
+        MPI_Request_free(&lane->record);
+    free(lane);
+}
+
+/* Whether the lane's record rounds run on a persistent collective. */
+int rl_lane_persistent(void *handle) { return ((rl_lane *)handle)->record != MPI_REQUEST_NULL; }
 
 int rl_lane_state(void *handle) { return ((rl_lane *)handle)->state; }
 
@@ -178,15 +210,23 @@ int rl_lane_run(void *handle, int64_t plan, void *buffer, int count, int dtype, 
         lane->mine[0] = on; lane->mine[1] = on * p; lane->mine[2] = on * p * p;
         lane->mine[3] = t; lane->mine[4] = t * t; lane->mine[5] = 1;
         fill_slot(lane);
-        rc = MPI_Iallreduce(lane->mine, lane->summed, RECORD_LENGTH, MPI_DOUBLE, MPI_SUM,
-                            lane->comm, &lane->request);
+        if (lane->record != MPI_REQUEST_NULL) {
+            rc = MPI_Start(&lane->record);
+            lane->record_active = rc == MPI_SUCCESS;
+        } else {
+            rc = MPI_Iallreduce(lane->mine, lane->summed, RECORD_LENGTH, MPI_DOUBLE, MPI_SUM,
+                                lane->comm, &lane->request);
+        }
         if (rc != MPI_SUCCESS) return failed(lane, rc);
         lane->state = RECORD;
     }
     if (lane->state == RECORD) {
-        rc = wait_bounded(&lane->request, deadline_s, &done);
+        /* a persistent request stays allocated when done: MPI_Test only makes it inactive */
+        MPI_Request *record = lane->record != MPI_REQUEST_NULL ? &lane->record : &lane->request;
+        rc = wait_bounded(record, deadline_s, &done);
         if (rc != MPI_SUCCESS) return failed(lane, rc);
         if (!done) return RL_RECORD_PENDING;
+        lane->record_active = 0;
         if (!unanimous(lane)) return finished(lane, RL_NOT_UNANIMOUS);
         if (lane->count <= SMALL) {
             empty_slot(lane);

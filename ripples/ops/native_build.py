@@ -114,6 +114,8 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rl_lane_steps.argtypes = [ctypes.c_void_p]
                 lib.rl_lane_mpi_error.restype = ctypes.c_int
                 lib.rl_lane_mpi_error.argtypes = [ctypes.c_void_p]
+                lib.rl_lane_persistent.restype = ctypes.c_int
+                lib.rl_lane_persistent.argtypes = [ctypes.c_void_p]
                 _library = lib
             except Exception as exc:  # the Python path runs everything
                 _library_error = str(exc)

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from mpi4py import MPI
 
 import ripples.torch as hvd
 from ripples.core.errors import MismatchError
@@ -73,6 +74,21 @@ def test_steady_allreduce_makes_few_python_calls():
     calls = python_calls(lambda: hvd.allreduce_(x))
     assert calls <= MAX_PYTHON_CALLS, calls
     assert torch.equal(x, torch.ones(9000))
+
+
+def test_record_rounds_run_on_a_persistent_collective_where_mpi_has_one():
+    """Open MPI 5 and MPI 4 libraries have MPI_Allreduce_init: a lane must use it (its
+    schedule is built once instead of in every round)."""
+    if not built():
+        pytest.skip(f"native lane: {native_lane.status()}")
+    x = torch.ones(9000)
+    for _ in range(WARM_UP):
+        hvd.allreduce_(x)
+    lane = current().engine.lanes.get(tuple(range(hvd.size())))
+    assert lane is not None and not lane.broken
+    has_it = MPI.Get_version() >= (4, 0) or MPI.Get_library_version().startswith(
+        ("Open MPI v5", "Open MPI v6"))
+    assert native_lane.library().rl_lane_persistent(lane.handle) == int(has_it)
 
 
 def test_steady_partial_allreduce_makes_few_python_calls():
