@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mpi_launch import mpi_env, run_launcher
-from ripples.runner.launch import SHM_DIR_PARAM, build_command, job_shm_dir, parse_args
+from ripples.runner.launch import (SHM_DIR_PARAM, build_command, job_shm_dir,
+                                   may_use_other_hosts, parse_args)
 
 needs_dev_shm = pytest.mark.skipif(not os.access("/dev/shm", os.W_OK),
                                    reason="no writable /dev/shm (not Linux)")
@@ -28,9 +29,24 @@ def test_the_directory_goes_on_the_command_line_before_the_script():
     (["-np", "2", "--mpi-args", f"--mca {SHM_DIR_PARAM} /mine", "python", "x.py"], {}),
     (["-np", "2", "python", "x.py"], {f"OMPI_MCA_{SHM_DIR_PARAM}": "/mine"}),  # the user's
     (["-np", "8", "python", "x.py"], {"SLURM_JOB_ID": "42"}),  # mpiexec may use other nodes
+    (["-np", "2", "--mpi-args", "--host h1,h2", "python", "x.py"], {}),  # mpiexec's own option
+    (["-np", "2", "--mpi-args=--hostfile=hosts", "python", "x.py"], {}),
+    # a default hostfile in the environment, as a cluster's setup (or netcluster) sets
+    (["-np", "8", "python", "x.py"], {"PRTE_MCA_prte_default_hostfile": "/run/hosts"}),
 ])
 def test_no_directory_across_hosts_in_an_allocation_or_where_the_user_chose_one(argv, environ):
     assert job_shm_dir(parse_args(argv), environ) is None
+
+
+@pytest.mark.parametrize("content,other_hosts", [
+    ("# a comment only\n\n", False), ("# hosts\nnode1 slots=4\nnode2 slots=4\n", True)])
+def test_a_default_hostfile_installed_beside_mpiexec_counts_when_it_names_hosts(
+        tmp_path, content, other_hosts):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "prte-default-hostfile").write_text(content)
+    args = parse_args(["-np", "2", "python", "x.py"])
+    assert may_use_other_hosts(args, {}, str(tmp_path / "bin" / "mpiexec")) is other_hosts
 
 
 @needs_dev_shm

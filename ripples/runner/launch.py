@@ -445,24 +445,54 @@ def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpie
 SHM_DIR_PARAM = "btl_sm_backing_directory"
 # Set inside a batch system's allocation (Slurm, PBS/Torque, LSF, Grid Engine, Flux).
 BATCH_JOB_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE", "FLUX_JOB_ID")
+# mpiexec's own options that place ranks on other hosts, passed through --mpi-args.
+HOST_OPTIONS = ("-H", "--host", "-host", "--hostfile", "-hostfile", "--machinefile",
+                "-machinefile", "--default-hostfile", "-default-hostfile")
 
 
-def job_shm_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> Optional[str]:
+def job_shm_dir(args: argparse.Namespace, environ: Mapping[str, str],
+                mpiexec: Optional[str] = None) -> Optional[str]:
     """A new directory under ``/dev/shm`` for the shared-memory segments of a job whose ranks
-    all run on this host, or None (hosts given, inside a batch allocation, no ``/dev/shm``,
-    or the user chose a directory). The caller removes it once the job has ended.
+    all run on this host, or None (the job may use other hosts, no ``/dev/shm``, or the user
+    chose a directory). The caller removes it once the job has ended.
 
     Open MPI names a job's segment files after its id, a hash of ``mpiexec``'s process id,
     and leaves them behind when ``mpiexec`` is killed (a timeout, ``ripplesrun`` ending a
     job). Once process ids wrap, a later job may open such a file, stale contents and all;
-    a directory of its own per job rules that out."""
+    a directory of its own per job rules that out. Ranks on another host would not find it
+    (Open MPI then drops shared memory there, with an error message), so any sign of other
+    hosts leaves Open MPI's default: see ``may_use_other_hosts``."""
     chosen = f"OMPI_MCA_{SHM_DIR_PARAM}" in environ or any(
         SHM_DIR_PARAM in arg for arg in (args.mpi_args or []))
-    # Inside a batch allocation mpiexec may place ranks on its other nodes, which lack it.
-    allocated = any(name in environ for name in BATCH_JOB_VARIABLES)
-    if args.hosts is not None or args.hostfile is not None or chosen or allocated:
+    if chosen or may_use_other_hosts(args, environ, mpiexec):
         return None
     return new_shm_dir()
+
+
+def may_use_other_hosts(args: argparse.Namespace, environ: Mapping[str, str],
+                        mpiexec: Optional[str] = None) -> bool:
+    """Whether ``mpiexec`` (the one ``ripplesrun`` runs) may place ranks on other hosts than
+    this one: hosts given (``-H``/``--hostfile``, or mpiexec's own host options in
+    ``--mpi-args``), a batch allocation, or a default hostfile, set in the environment (an
+    ``*_MCA_*hostfile`` or ``*_MCA_*_host`` variable, as a cluster's setup or an emulated
+    cluster sets) or installed beside ``mpiexec`` (``etc/prte-default-hostfile``)."""
+    if args.hosts is not None or args.hostfile is not None:
+        return True
+    if any(arg.split("=", 1)[0] in HOST_OPTIONS for arg in (args.mpi_args or [])):
+        return True
+    if any(name in environ for name in BATCH_JOB_VARIABLES):
+        return True
+    if any(re.fullmatch(r"(OMPI|PRTE|ORTE)_MCA_\w*(hostfile|_hosts?)", name, re.IGNORECASE)
+           for name in environ):
+        return True
+    if mpiexec is not None:
+        installed = Path(mpiexec).resolve().parent.parent / "etc" / "prte-default-hostfile"
+        try:
+            lines = installed.read_text().splitlines()
+        except OSError:
+            return False
+        return any(line.strip() and not line.lstrip().startswith("#") for line in lines)
+    return False
 
 
 def new_shm_dir() -> Optional[str]:
@@ -500,7 +530,7 @@ def _launch(args: argparse.Namespace, mpiexec: str) -> int:
     warning = oversubscription_warning(args, cpu_count)
     if warning:
         print(f"ripplesrun: warning: {warning}", file=sys.stderr, flush=True)
-    shm_dir = job_shm_dir(args, os.environ)
+    shm_dir = job_shm_dir(args, os.environ, mpiexec)
     try:
         command, env = build_command(args, cpu_count, mpiexec, shm_dir=shm_dir)
         print(f"ripplesrun: {shlex.join(command)}", file=sys.stderr, flush=True)
