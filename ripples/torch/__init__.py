@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mpi4py import MPI
+from ripples.core import singleton_shm as _singleton_shm
+
+_singleton_shm.start_mpi()  # before anything starts MPI (see the module)
+
+from mpi4py import MPI  # noqa: E402
 
 from ripples import runtime as _runtime
 from ripples import startup as _startup
