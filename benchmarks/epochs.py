@@ -29,6 +29,12 @@ done); start-up is not counted. Repeats are interleaved (each repeat runs every 
 so that the shared machine's drift hits every mode alike; the table gives medians and the
 ratio of each mode's median time to all-reduce's in the same scenario, next to the
 ceiling: the time ratio if every rank worked at its own speed with no waiting at all.
+
+Across hosts: ``--netcluster`` starts every job on the emulated cluster of ``netcluster
+up`` (from h1; its hostfile places the ranks), as ``benchmarks/train.py`` does:
+
+    netcluster up 4 --slots 2 --bw 1gbit
+    python benchmarks/epochs.py --netcluster --np 8 --json out.json
 """
 from __future__ import annotations
 
@@ -115,11 +121,13 @@ def run_once(args, command, scenario: str, repeat: int, checkpoint: Path) -> dic
     settings = {k: v.format(last=args.np - 1) for k, v in SCENARIOS[scenario].items()}
     env = dict(RIPPLES_COMPUTE_MS=str(args.compute_ms), RIPPLES_SEED=str(repeat),
                RIPPLES_BENCH_PORT=str(launch.free_port()), **settings)
+    if args.netcluster:
+        env["RIPPLES_BENCH_ADDRESS"] = "h1"  # the cluster's hostfile puts rank 0 there
     checkpoint.unlink(missing_ok=True)
     argv = [sys.executable, *command, "--epochs", str(args.epochs), "--checkpoint",
             str(checkpoint)]
     done = launch.run_job(args.np, argv, env=env, timeout=args.timeout, capture=True,
-                          check=False)
+                          check=False, across_hosts=args.netcluster)
     epochs = EPOCH_LINE.findall(done.stdout)
     if done.returncode != 0 or len(epochs) != args.epochs:
         raise RuntimeError(f"{' '.join(done.args)} failed ({done.returncode}):\n{done.stdout}\n"
@@ -168,6 +176,8 @@ def main(argv=None) -> int:
                         help=f"comma-separated, of {MODES}; allreduce always runs")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
     parser.add_argument("--json", help="write all results here")
+    parser.add_argument("--netcluster", action="store_true",
+                        help="run on the emulated cluster of 'netcluster up' (from h1)")
     args = parser.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
     modes = [m for m in MODES if m in args.modes.split(",") or m == "allreduce"]
@@ -183,6 +193,9 @@ def main(argv=None) -> int:
           f"epochs, compute EMULATED ({args.compute_ms:g} ms/step), {args.repeats} interleaved "
           f"repeats, {time.strftime('%Y-%m-%d')}", flush=True)
     result = {"compute": "emulated", "args": vars(args), "scenarios": {}}
+    if args.netcluster:
+        result["cluster"] = launch.cluster_status()
+        print(result["cluster"], flush=True)
     with tempfile.TemporaryDirectory() as scratch:
         commands = write_scripts(Path(scratch))
         for scenario in scenarios:

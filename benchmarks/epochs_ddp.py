@@ -1,6 +1,7 @@
 """``examples/epochs_horovod.py`` written for PyTorch DDP (gloo): the outside reference of
 ``benchmarks/epochs.py``. Launched by it under ``mpiexec`` (rank and size from Open MPI's
-variables, the rendezvous port in ``RIPPLES_BENCH_PORT``).
+variables, the rendezvous port in ``RIPPLES_BENCH_PORT``, rank 0's host in
+``RIPPLES_BENCH_ADDRESS``, default this one).
 
 The same data, model, sampler, schedule, per-epoch all-reduce of the validation accuracy and
 rank-0 checkpoint. Emulated compute and slowdowns follow ripples' rule
@@ -28,7 +29,9 @@ parser.add_argument("--checkpoint", default="checkpoint.pt")
 args = parser.parse_args()
 
 rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['RIPPLES_BENCH_PORT']}",
+# rank 0's host: this one, or across hosts the one the benchmark names (it runs rank 0)
+address = os.environ.get("RIPPLES_BENCH_ADDRESS", "127.0.0.1")
+dist.init_process_group("gloo", init_method=f"tcp://{address}:{os.environ['RIPPLES_BENCH_PORT']}",
                         rank=rank, world_size=size)
 torch.manual_seed(0)
 torch.set_num_threads(1)
