@@ -65,6 +65,8 @@ def _probe(info: Dict[str, str], key: str, probe: Callable[[], str]) -> None:
 def _mpi(info: Dict[str, str], wheel_files: Set[str]) -> None:
     import mpi4py
     info["mpi4py"] = mpi4py.__version__
+    from ripples.core import singleton_shm
+    singleton_shm.start_mpi()  # a singleton's segment in its own directory (see the module)
     from mpi4py import MPI  # initializes MPI as a singleton when not launched by mpiexec
 
     from ripples.runtime import mpi_library
