@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ripples.runner.launch import SHM_DIR_PARAM, new_shm_dir
+from ripples.core.singleton_shm import SHM_DIR_PARAM, new_shm_dir
 
 TESTS_DIR = Path(__file__).resolve().parent
 PMIX_START_FAILURE = "The PMIx server's listener thread failed to start"
@@ -61,7 +61,7 @@ def run_mpi(argv: list[str], nprocs: int, timeout: float = 180, env: dict | None
     With ``check`` a non-zero exit fails the calling test and shows the output.
     """
     # A shared-memory directory of the job's own, as ripplesrun gives (see job_shm_dir).
-    shm_dir = new_shm_dir()
+    shm_dir = new_shm_dir("ripples-job-")
     cmd = [find_mpiexec(), "-n", str(nprocs), "--oversubscribe", "--bind-to", "none",
            *(["--mca", SHM_DIR_PARAM, shm_dir] if shm_dir else []), *mpiexec_args, *argv]
     try:

@@ -21,7 +21,8 @@ import sys
 import tempfile
 from typing import Mapping, Optional
 
-VARIABLE = "OMPI_MCA_btl_sm_backing_directory"
+SHM_DIR_PARAM = "btl_sm_backing_directory"  # Open MPI's: where its segment files go
+VARIABLE = f"OMPI_MCA_{SHM_DIR_PARAM}"
 # Set by a launcher in its ranks' environment (Open MPI, PMIx, PMI-based MPIs).
 LAUNCHED_BY = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
 
@@ -41,9 +42,8 @@ def start_mpi() -> None:
     global _directory
     if "mpi4py.MPI" in sys.modules or not needs_own_directory(os.environ):
         return
-    try:
-        _directory = tempfile.mkdtemp(prefix="ripples-proc-", dir="/dev/shm")
-    except OSError:
+    _directory = new_shm_dir("ripples-proc-")
+    if _directory is None:
         return
     # Python's exit handlers run before mpi4py finalizes MPI; removing the directory with
     # the segment still mapped is harmless (the memory goes when the process does).
@@ -53,6 +53,15 @@ def start_mpi() -> None:
         importlib.import_module("mpi4py.MPI")  # starts MPI, which reads the variable
     finally:
         del os.environ[VARIABLE]
+
+
+def new_shm_dir(prefix: str) -> Optional[str]:
+    """A new directory ``/dev/shm/<prefix>*``, or None where there is none (not Linux) or it
+    is not writable (Open MPI then keeps its default)."""
+    try:
+        return tempfile.mkdtemp(prefix=prefix, dir="/dev/shm")
+    except OSError:
+        return None
 
 
 def directory() -> Optional[str]:

@@ -46,6 +46,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import ripples
 from ripples.runner import elastic_restart, job_process
 from ripples.core import distribution
+from ripples.core.singleton_shm import SHM_DIR_PARAM, VARIABLE as SHM_DIR_VARIABLE, new_shm_dir
 from ripples.comm import failures
 from ripples.core.config import LOG_LEVELS
 from ripples.core.heterogeneity import parse_random_slowdown, parse_slowdown
@@ -442,7 +443,6 @@ def build_command(args: argparse.Namespace, cpu_count: int, mpiexec: str = "mpie
     return argv, env
 
 
-SHM_DIR_PARAM = "btl_sm_backing_directory"
 # Set inside a batch system's allocation (Slurm, PBS/Torque, LSF, Grid Engine, Flux).
 BATCH_JOB_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE", "FLUX_JOB_ID")
 # mpiexec's own options that place ranks on other hosts, passed through --mpi-args.
@@ -462,11 +462,11 @@ def job_shm_dir(args: argparse.Namespace, environ: Mapping[str, str],
     a directory of its own per job rules that out. Ranks on another host would not find it
     (Open MPI then drops shared memory there, with an error message), so any sign of other
     hosts leaves Open MPI's default: see ``may_use_other_hosts``."""
-    chosen = f"OMPI_MCA_{SHM_DIR_PARAM}" in environ or any(
+    chosen = SHM_DIR_VARIABLE in environ or any(
         SHM_DIR_PARAM in arg for arg in (args.mpi_args or []))
     if chosen or may_use_other_hosts(args, environ, mpiexec):
         return None
-    return new_shm_dir()
+    return new_shm_dir("ripples-job-")
 
 
 def may_use_other_hosts(args: argparse.Namespace, environ: Mapping[str, str],
@@ -493,15 +493,6 @@ def may_use_other_hosts(args: argparse.Namespace, environ: Mapping[str, str],
             return False
         return any(line.strip() and not line.lstrip().startswith("#") for line in lines)
     return False
-
-
-def new_shm_dir() -> Optional[str]:
-    """A new directory under ``/dev/shm``, or None where there is none (not Linux) or it is
-    not writable (Open MPI then keeps its default)."""
-    try:
-        return tempfile.mkdtemp(prefix="ripples-job-", dir="/dev/shm")
-    except OSError:
-        return None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
