@@ -296,6 +296,9 @@ class Lanes:
                 comm = rt.world.Create_group(members, tag=_ARM_TAG)
                 members.Free()
         handle = lib.rl_lane_new(MPI._addressof(comm), comm.Get_size())
+        if not handle:  # calloc failed: this process is out of memory
+            raise MemoryError(f"rank {rt.rank}: no memory for the native lane of group {group}; "
+                              f"free memory, or set {ENV}=0 on every rank")
         self._by_group[group] = Lane(group, comm, handle, rt.generation, rt.rank, lib)
 
     def comms(self) -> List[MPI.Comm]:
