@@ -45,6 +45,7 @@ typedef struct {
     int64_t plan, step;
     int64_t steps;  /* completed rounds, equal on every member */
     int mpi_error;  /* the MPI error code of the last RL_MPI_ERROR */
+    double phase_start;  /* when the pending record or data phase began (now_s) */
     void *buffer;
     int count, dtype, average;
 } rl_lane;
@@ -65,20 +66,27 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Test `request` until it completes or `deadline_s` passes: spin briefly (a shared-memory
- * round trip takes microseconds), then yield the core, then nap up to 200 us. */
-static int wait_bounded(MPI_Request *request, double deadline_s, int *done) {
+/* Test `request` until it completes or `deadline_s` passes. The phase of the wait goes by
+ * the time since the phase began (`since`), not since this call: Python continues a long
+ * wait in short calls, and each of them must not spin and yield again (a waiting member
+ * then burned a whole core, taking it from the slow peer it waited for). Spin briefly (a
+ * shared-memory round trip takes microseconds), then yield the core, then nap: up to
+ * 200 us, and 1% of the wait so far once that is longer, up to 1 ms (nap_cap in
+ * ripples/comm/mpi.py: the same rule and why). */
+static int wait_bounded(MPI_Request *request, double since, double deadline_s, int *done) {
     double start = now_s();
     long nap_ns = 0;
     for (;;) {
         int rc = MPI_Test(request, done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return rc;
         if (*done) return MPI_SUCCESS;
-        double waited = now_s() - start;
-        if (waited >= deadline_s) return MPI_SUCCESS;
+        double now = now_s(), waited = now - since;
+        if (now - start >= deadline_s) return MPI_SUCCESS;
         if (waited < 100e-6) continue;
         if (waited < 5e-3) { sched_yield(); continue; }
-        nap_ns = nap_ns ? (nap_ns * 2 > 200000 ? 200000 : nap_ns * 2) : 20000;
+        double cap_s = waited * 0.01 < 200e-6 ? 200e-6 : (waited * 0.01 > 1e-3 ? 1e-3 : waited * 0.01);
+        long cap_ns = (long)(cap_s * 1e9);
+        nap_ns = nap_ns ? (nap_ns * 2 > cap_ns ? cap_ns : nap_ns * 2) : 20000;
         struct timespec nap = {0, nap_ns};
         nanosleep(&nap, NULL);
     }
@@ -219,11 +227,12 @@ int rl_lane_run(void *handle, int64_t plan, void *buffer, int count, int dtype, 
         }
         if (rc != MPI_SUCCESS) return failed(lane, rc);
         lane->state = RECORD;
+        lane->phase_start = now_s();
     }
     if (lane->state == RECORD) {
         /* a persistent request stays allocated when done: MPI_Test only makes it inactive */
         MPI_Request *record = lane->record != MPI_REQUEST_NULL ? &lane->record : &lane->request;
-        rc = wait_bounded(record, deadline_s, &done);
+        rc = wait_bounded(record, lane->phase_start, deadline_s, &done);
         if (rc != MPI_SUCCESS) return failed(lane, rc);
         if (!done) return RL_RECORD_PENDING;
         lane->record_active = 0;
@@ -242,9 +251,10 @@ int rl_lane_run(void *handle, int64_t plan, void *buffer, int count, int dtype, 
                             lane->comm, &lane->request);
         if (rc != MPI_SUCCESS) return failed(lane, rc);
         lane->state = DATA;
+        lane->phase_start = now_s();
     }
     if (lane->state == DATA) {
-        rc = wait_bounded(&lane->request, deadline_s, &done);
+        rc = wait_bounded(&lane->request, lane->phase_start, deadline_s, &done);
         if (rc != MPI_SUCCESS) return failed(lane, rc);
         if (!done) return RL_DATA_PENDING;
         scale(lane);

@@ -2,6 +2,7 @@
 calls in the steady state, and the unusual cases (mismatch, join, busy members) still
 handled by the Python control plane. Run with the lane on (the default)."""
 import os
+import resource
 import sys
 import time
 
@@ -178,6 +179,23 @@ def test_a_member_busy_before_a_planned_call_is_waited_for():
     x.fill_(float(hvd.rank() + 1))
     hvd.allreduce_(x, name="late")
     assert torch.equal(x, expected_mean(16, torch.float32))
+
+
+def test_a_member_waiting_long_for_a_busy_peer_leaves_the_cores_to_it():
+    """A member that waits seconds for a slow peer naps between polls: it must not burn a
+    core (the lane's wait once yielded the core in a loop for the whole wait: 87% of one)."""
+    x = torch.ones(16)
+    for _ in range(WARM_UP):
+        hvd.allreduce_(x, name="waiting")
+    hvd.barrier()
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    if hvd.rank() == 0:
+        time.sleep(2.0)
+    hvd.allreduce_(x, name="waiting")
+    after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - start
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if hvd.rank() != 0:
+        assert cpu < 0.35 * wall, f"rank {hvd.rank()} used {cpu:.2f} s of CPU in {wall:.2f} s"
 
 
 def test_lanes_are_bounded_and_a_group_beyond_the_bound_stays_on_the_python_path(monkeypatch):
