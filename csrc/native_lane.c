@@ -70,9 +70,8 @@ static double now_s(void) {
  * the time since the phase began (`since`), not since this call: Python continues a long
  * wait in short calls, and each of them must not spin and yield again (a waiting member
  * then burned a whole core, taking it from the slow peer it waited for). Spin briefly (a
- * shared-memory round trip takes microseconds), then yield the core, then nap: up to
- * 200 us, and 1% of the wait so far once that is longer, up to 1 ms (nap_cap in
- * ripples/comm/mpi.py: the same rule and why). */
+ * shared-memory round trip takes microseconds), then yield the core, then nap up to
+ * 200 us (as poll_until in ripples/comm/mpi.py). */
 static int wait_bounded(MPI_Request *request, double since, double deadline_s, int *done) {
     double start = now_s();
     long nap_ns = 0;
@@ -84,9 +83,7 @@ static int wait_bounded(MPI_Request *request, double since, double deadline_s, i
         if (now - start >= deadline_s) return MPI_SUCCESS;
         if (waited < 100e-6) continue;
         if (waited < 5e-3) { sched_yield(); continue; }
-        double cap_s = waited * 0.01 < 200e-6 ? 200e-6 : (waited * 0.01 > 1e-3 ? 1e-3 : waited * 0.01);
-        long cap_ns = (long)(cap_s * 1e9);
-        nap_ns = nap_ns ? (nap_ns * 2 > cap_ns ? cap_ns : nap_ns * 2) : 20000;
+        nap_ns = nap_ns ? (nap_ns * 2 > 200000 ? 200000 : nap_ns * 2) : 20000;
         struct timespec nap = {0, nap_ns};
         nanosleep(&nap, NULL);
     }

@@ -144,8 +144,7 @@ def poll_until(done: Callable[[], bool], deadline: Deadline,
 
     Spins for a moment (a shared-memory round trip takes microseconds), then yields the
     core between polls so that oversubscribed ranks let the peers they wait for run, and
-    after a few milliseconds sleeps in short naps (see ``nap_cap``); the deadline is
-    checked throughout.
+    after a few milliseconds sleeps in short naps; the deadline is checked throughout.
     """
     if done():
         return
@@ -161,20 +160,10 @@ def poll_until(done: Callable[[], bool], deadline: Deadline,
         if waited < _YIELD_S:
             os.sched_yield()
         else:
-            pause = min(nap_cap(waited), pause * 2 or 2e-5)
+            pause = min(_MAX_NAP_S, pause * 2 or 2e-5)
             time.sleep(pause)
-
-
-def nap_cap(waited_s: float) -> float:
-    """The longest nap between polls after ``waited_s`` of waiting: 200 us, and 1% of the
-    wait so far once that is longer, up to 1 ms. A napping member wakes late by up to a nap,
-    and its peers may need it to progress the collective, so the nap stays a small share of
-    the wait; but a member waiting a long time for a slow peer (100 ms and more) polls a
-    thousand times a second, not five thousand, and leaves the cores to the peer."""
-    return min(_LONG_NAP_S, max(_MAX_NAP_S, 0.01 * waited_s))
 
 
 _SPIN_S = 100e-6
 _YIELD_S = 5e-3
 _MAX_NAP_S = 2e-4
-_LONG_NAP_S = 1e-3
