@@ -7,6 +7,10 @@ content with a marker on a line of its own:
   ``RIPPLES_*`` variable, type, default and the description from Config's docstring;
 - ``<!-- generated: bench FILE.json -->``: the table of ``benchmarks/results/FILE.json`` with
   its command, date and machine;
+- ``<!-- generated: runs METRIC FILE.json FILE.json ... -->``: repeated ``train.py`` runs side
+  by side: per scenario and mode, ``METRIC`` of every run and, in parentheses, the median
+  over the runs of the ratio to all-reduce in the same run (each file keeps its own
+  ``bench`` marker for the details);
 - ``<!-- generated: bench-rest -->``: every result file that no marker of the page named;
 - ``<!-- generated: ripplesrun-help -->``: ``ripplesrun --help``, as the installed code prints it;
 - ``<!-- generated: ps-api -->``: mkdocstrings directives for every name in ``ripples.ps.__all__``,
@@ -29,8 +33,8 @@ from typing import Dict, Iterable, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-MARKER = re.compile(r"^<!-- generated: (config|bench-rest|ripplesrun-help|ps-api|bench (\S+\.json)) -->$",
-                    re.M)
+MARKER = re.compile(r"^<!-- generated: (config|bench-rest|ripplesrun-help|ps-api|bench (\S+\.json)"
+                    r"|runs (\w+)((?: \S+\.json)+)) -->$", re.M)
 
 # Commands for result files that do not record their own (taken from where each was
 # documented when it was measured). A file that records "command" uses its own.
@@ -302,6 +306,46 @@ def bench_section(name: str) -> str:
     return "\n\n".join(parts)
 
 
+def _median(values: List[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def runs_table(metric: str, names: List[str]) -> str:
+    """Repeated ``train.py`` runs (``names``, one result file each) side by side: a row per
+    scenario, a column per mode, each cell ``metric`` of every run ("not reached" where it
+    is None) and the median over runs of the ratio to all-reduce in the same run."""
+    runs = []
+    for name in names:
+        path = RESULTS / name
+        if not path.is_file():
+            raise FileNotFoundError(f"benchmarks/results/{name} does not exist (named by a "
+                                    f"'generated: runs' marker in the docs)")
+        runs.append(json.loads(path.read_text())["scenarios"])
+    scenarios = list(dict.fromkeys(s for run in runs for s in run))
+    modes = list(dict.fromkeys(m["mode"] for run in runs for found in run.values()
+                               for m in found["modes"]))
+    lines = ["| scenario | " + " | ".join(modes) + " |", "|" + "---|" * (len(modes) + 1)]
+    for scenario in scenarios:
+        by_run = [{m["mode"]: m.get(metric) for m in run[scenario]["modes"]}
+                  for run in runs if scenario in run]
+        cells = []
+        for mode in modes:
+            found = [values[mode] for values in by_run if mode in values]
+            text = " / ".join("not reached" if v is None else f"{v:.1f}" if abs(v) >= 1
+                              else f"{v:.3g}" for v in found) or "-"
+            ratios = [values[mode] / values["allreduce"] for values in by_run
+                      if values.get(mode) is not None and values.get("allreduce")]
+            if mode != "allreduce" and ratios and len(ratios) == len(found):
+                text += f" ({_median(ratios):.2f}x)"
+            cells.append(text)
+        lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
+    files = ", ".join(f"`{n}`" for n in names)
+    return (f"`{metric}` of each run ({files}); in parentheses the median over the runs of "
+            f"the ratio to all-reduce in the same run:\n\n" + "\n".join(lines))
+
+
 def result_files() -> List[str]:
     return sorted(p.name for p in RESULTS.glob("*.json"))
 
@@ -317,6 +361,8 @@ def expand(markdown: str) -> str:
             return ps_api()
         if match.group(1) == "ripplesrun-help":
             return ripplesrun_help()
+        if match.group(3):
+            return runs_table(match.group(3), match.group(4).split())
         if match.group(1) == "bench-rest":
             rest = [n for n in result_files() if n not in named]
             return "\n\n".join(f"### {n}\n\n{bench_section(n)}" for n in rest)

@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,31 @@ def test_benchmark_markers_name_existing_results_and_every_result_is_shown():
             ) in expanded
     with pytest.raises(FileNotFoundError, match="no_such.json"):
         hooks.bench_section("no_such.json")
+
+
+def test_runs_marker_sets_repeated_runs_side_by_side_with_the_median_ratio():
+    hooks = load_hooks()
+    names = [f"train_hosts4x2_1gbit_20mb_nodealone_{i}.json" for i in (1, 2, 3)]
+    runs = [json.loads((ROOT / "benchmarks" / "results" / n).read_text())["scenarios"]
+            for n in names]
+    page = f"<!-- generated: runs steps_per_s {' '.join(names)} -->"
+    expanded = hooks.expand(page)
+
+    def rate(run, mode):
+        return next(m["steps_per_s"] for m in run["one-slow"]["modes"] if m["mode"] == mode)
+
+    mine = [rate(run, "ripples/generator-node") for run in runs]
+    ratio = statistics.median(m / rate(run, "allreduce") for m, run in zip(mine, runs))
+    row = next(line for line in expanded.splitlines() if line.startswith("| one-slow |"))
+    assert " / ".join(f"{v:.1f}" for v in mine) + f" ({ratio:.2f}x)" in row
+    # a run that never reached the target: shown as such, and no ratio
+    names = ["train_hosts4x2_1gbit_20mb_45s.json", "train_hosts4x2_1gbit_20mb_45s_2.json"]
+    expanded = hooks.expand(f"<!-- generated: runs time_to_target_s {' '.join(names)} -->")
+    row = next(line for line in expanded.splitlines() if line.startswith("| homogeneous |"))
+    assert row.split(" | ")[1] == "not reached / not reached"
+    assert "x)" not in row
+    with pytest.raises(FileNotFoundError, match="no_such.json"):
+        hooks.expand("<!-- generated: runs steps_per_s no_such.json -->")
 
 
 mkdocs_missing = importlib.util.find_spec("mkdocs") is None
