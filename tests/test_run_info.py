@@ -15,8 +15,10 @@ def run_info(*args, module="ripples.runner.info"):
 
 
 def library_line():
-    # Open MPI ends its version string with a NUL byte; the report must not carry it.
-    code = ("from mpi4py import MPI; "
+    # Open MPI ends its version string with a NUL byte; the report must not carry it. MPI
+    # starts through singleton_shm, else this singleton leaves its segment in /dev/shm.
+    code = ("from ripples.core.singleton_shm import start_mpi; start_mpi(); "
+            "from mpi4py import MPI; "
             "print(MPI.Get_library_version().replace(chr(0), '').strip().splitlines()[0])")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True).stdout.strip()
