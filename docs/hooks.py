@@ -26,6 +26,7 @@ import inspect
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -306,12 +307,6 @@ def bench_section(name: str) -> str:
     return "\n\n".join(parts)
 
 
-def _median(values: List[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def runs_table(metric: str, names: List[str]) -> str:
     """Repeated ``train.py`` runs (``names``, one result file each) side by side: a row per
     scenario, a column per mode, each cell ``metric`` of every run ("not reached" where it
@@ -338,7 +333,7 @@ def runs_table(metric: str, names: List[str]) -> str:
             ratios = [values[mode] / values["allreduce"] for values in by_run
                       if values.get(mode) is not None and values.get("allreduce")]
             if mode != "allreduce" and ratios and len(ratios) == len(found):
-                text += f" ({_median(ratios):.2f}x)"
+                text += f" ({statistics.median(ratios):.2f}x)"
             cells.append(text)
         lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
     files = ", ".join(f"`{n}`" for n in names)
