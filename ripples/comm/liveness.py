@@ -5,7 +5,10 @@ peers it waits for how they are (``Liveness.keep_waiting``), and every rank answ
 small responder thread on a private communicator, whatever its main thread is doing:
 
 - a peer that does not answer within a short bound (``answer_wait_s``) is dead (or its
-  process is frozen): the wait fails, naming it;
+  process is frozen): the wait fails, naming it; unless it runs on this host and its
+  process is seen running (``ripples.core.processes``): its responder then waits for the
+  interpreter lock (a long import or native call) or for a core, and it is asked again for
+  as long as it runs, up to ``Config.stall_shutdown_s``;
 - a peer that is outside ripples (computing, evaluating, writing a checkpoint) is busy: the
   wait goes on, with a stall warning every ``Config.stall_warning_s`` naming where each
   busy peer is;
@@ -36,7 +39,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import socket
 import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -46,6 +48,7 @@ from mpi4py import MPI
 from ripples.comm import outbox
 from ripples.comm.stack_watch import MainThreadWatch
 from ripples.core.errors import PeersSilentError, RipplesTimeoutError
+from ripples.core.processes import ProcessId, cpu_ticks, has_run, this_process
 
 log = logging.getLogger("ripples")
 
@@ -131,8 +134,11 @@ class Liveness:
         self.timeout_s, self.stall_s, self.enabled = timeout_s, stall_s, enabled
         self.stall_shutdown_s = stall_shutdown_s
         self._main_thread = MainThreadWatch()
-        # Each rank's host, to name where silent peers run (collective over ``comm``).
-        self.hosts: List[str] = comm.allgather(socket.gethostname())
+        # Each rank's process: its host names where silent peers run, and a peer of this
+        # host can be seen running while it is silent (collective over ``comm``).
+        self.processes: List[ProcessId] = [ProcessId(*p) for p in comm.allgather(
+            tuple(this_process()))]
+        self.hosts: List[str] = [p.host for p in self.processes]
         self._depth = 0
         self._inside_since = 0.0
         self._justified_at: Optional[float] = None
@@ -249,23 +255,42 @@ class Liveness:
                 except MPI.Exception:
                     answers[peer] = None
             waiting = [p for p in peers if p not in answers]
-            end = time.monotonic() + answer_wait_s(self.timeout_s)
-            pause = 1e-4
-            while waiting and time.monotonic() < end:
-                for peer in list(waiting):
-                    try:
-                        state = self._answer(peer, sequence)
-                    except MPI.Exception:  # it died (fault tolerant: MPI says so)
-                        answers[peer] = None
-                        waiting.remove(peer)
-                        continue
-                    if state is not None:
-                        answers[peer] = state
-                        waiting.remove(peer)
-                time.sleep(pause)
-                pause = min(0.01, pause * 2)
+            ticks = {p: cpu_ticks(self.processes[p]) for p in waiting}
+            self._collect(waiting, sequence, answers, answer_wait_s(self.timeout_s))
+            # A silent peer of this host that runs holds the interpreter lock in a long call
+            # (an import, a native kernel) or waits for a core: slow, not dead. It is asked
+            # for as long as it keeps running, up to the stuck bound.
+            give_up = time.monotonic() + (self.stall_shutdown_s or math.inf)
+            while waiting and time.monotonic() < give_up:
+                running = [p for p in waiting if has_run(self.processes[p], ticks[p])]
+                if not running:
+                    break
+                waiting[:] = running
+                ticks = {p: cpu_ticks(self.processes[p]) for p in waiting}
+                self._collect(waiting, sequence, answers, answer_wait_s(self.timeout_s))
             answers.update({peer: None for peer in waiting})
             return answers
+
+    def _collect(self, waiting: List[int], sequence: int,
+                 answers: Dict[int, Optional[PeerState]], wait_s: float) -> None:
+        """Take the answers to question ``sequence`` that come within ``wait_s`` into
+        ``answers`` (None for a peer that died meanwhile), removing their senders from
+        ``waiting``."""
+        end = time.monotonic() + wait_s
+        pause = 1e-4
+        while waiting and time.monotonic() < end:
+            for peer in list(waiting):
+                try:
+                    state = self._answer(peer, sequence)
+                except MPI.Exception:  # it died (fault tolerant: MPI says so)
+                    answers[peer] = None
+                    waiting.remove(peer)
+                    continue
+                if state is not None:
+                    answers[peer] = state
+                    waiting.remove(peer)
+            time.sleep(pause)
+            pause = min(0.01, pause * 2)
 
     def _answer(self, peer: int, sequence: int) -> Optional[PeerState]:
         """``peer``'s answer to question ``sequence`` if it has come (older answers are

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ripples.comm import failures
-from ripples.runner.leftovers import PROCTABLE_ENTRY, LocalRanks, proc_stat
+from ripples.core.processes import proc_stat
+from ripples.runner.leftovers import PROCTABLE_ENTRY, LocalRanks
 
 EXIT_HOST_LOST = 1
 EXIT_ABORT_STUCK = 1

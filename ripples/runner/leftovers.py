@@ -17,36 +17,21 @@ import re
 import signal
 import socket
 import time
-from pathlib import Path
 from typing import Dict, List, Optional
+
+from ripples.core.processes import parent_of, start_ticks
 
 PROCTABLE_ENTRY = re.compile(rb"^\(rank, host, exe, pid\) = \((\d+), ([^,\s]+), [^\n]*, "
                              rb"(\d+)\)$", re.M)
 
 
-def proc_stat(pid: int) -> Optional[List[str]]:
-    """The fields of ``/proc/PID/stat`` after the command name (state first)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def start_ticks(pid: int) -> Optional[int]:
-    """When process ``pid`` started (clock ticks since boot), or None if there is none."""
-    fields = proc_stat(pid)
-    if fields is None or fields[0] == "Z":  # none, or exited and not yet reaped
-        return None
-    return int(fields[19])
-
-
 def descends_from(pid: int, ancestor: int) -> bool:
     """Whether process ``ancestor`` is above process ``pid`` now."""
     while pid > 1:
-        fields = proc_stat(pid)
-        if fields is None:
+        parent = parent_of(pid)
+        if parent is None:
             return False
-        pid = int(fields[1])
+        pid = parent
         if pid == ancestor:
             return True
     return False

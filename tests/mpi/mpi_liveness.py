@@ -1,12 +1,14 @@
 """Slow is not dead (run with RIPPLES_TIMEOUT_S=2 on 3 ranks): a rank alive but busy outside
 ripples for several timeouts never fails its peers; ranks waiting on each other inside
 ripples fail, naming them, within about twice the timeout."""
+import itertools
 import time
 
 import pytest
 import torch
 
 import ripples.torch as hvd
+from ripples.comm.liveness import answer_wait_s
 from ripples.core.errors import RipplesError
 from ripples.runtime import current
 
@@ -29,6 +31,30 @@ def test_a_blocking_allreduce_waits_for_a_busy_rank():
     out = hvd.allreduce(torch.full((3,), float(hvd.rank() + 1)), name="late", op=hvd.Sum)
     assert out.tolist() == [6.0, 6.0, 6.0]
     assert time.monotonic() - start >= busy_s - 0.5 or hvd.rank() == 2
+
+
+def _hold_the_interpreter_lock(seconds: float) -> float:
+    """Run one native call that keeps the interpreter lock (and a core) for about
+    ``seconds``, as a large import or a long C extension call does; returns its length."""
+    start = time.perf_counter()
+    sum(itertools.repeat(1, 10**6))  # builtin sum: a C loop that never hands the lock over
+    count = int(seconds / max(time.perf_counter() - start, 1e-6) * 10**6)
+    start = time.perf_counter()
+    sum(itertools.repeat(1, count))
+    return time.perf_counter() - start
+
+
+def test_a_rank_holding_the_interpreter_lock_is_slow_not_dead():
+    """Rank 1's responder cannot answer while its main thread holds the interpreter lock
+    for longer than the timeout and the answer bound together; its process runs, so it is
+    slow, not dead, and the others wait for it."""
+    timeout = _timeout()
+    needed = current().liveness.check_after_s() + answer_wait_s(timeout)
+    if hvd.rank() == 1:
+        held = _hold_the_interpreter_lock(needed + 2 * answer_wait_s(timeout))
+        assert held > needed, f"the lock was held {held:.1f} s, not the {needed:.1f} s needed"
+    out = hvd.allreduce(torch.ones(2), name="after-the-hold", op=hvd.Sum)
+    assert out.tolist() == [3.0, 3.0]
 
 
 def test_an_asynchronous_allreduce_stays_pending_while_a_rank_is_busy():

@@ -1,0 +1,79 @@
+"""Processes of this machine as ``/proc`` shows them (Linux; elsewhere nothing is found).
+
+A process is named by its id and its start time, so that an id reused by another process
+never passes for it. ``cpu_ticks`` tells a process that runs (it used CPU time lately, or is
+ready to) from one that cannot (stopped by a signal, exited): what lets a rank tell a peer
+that is silent because it holds the interpreter lock in a long call, or is starved of CPU,
+from one that is frozen or gone.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import List, NamedTuple, Optional
+
+# /proc/PID/stat fields after the command name: 0 is the state (field 3 of proc(5)).
+_STATE, _PARENT, _USER_TICKS, _SYSTEM_TICKS, _START_TICKS = 0, 1, 11, 12, 19
+_CANNOT_RUN = frozenset("ZXxTt")  # zombie, dead, stopped (SIGSTOP), stopped by a tracer
+
+
+class ProcessId(NamedTuple):
+    """A process, named so that another machine or a reused id never passes for it."""
+
+    host: str
+    pid: int
+    start: Optional[int]  # clock ticks since boot; None where /proc cannot tell
+
+
+def proc_stat(pid: int) -> Optional[List[str]]:
+    """The fields of ``/proc/PID/stat`` after the command name (state first)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_ticks(pid: int) -> Optional[int]:
+    """When process ``pid`` started (clock ticks since boot), or None if there is none."""
+    fields = proc_stat(pid)
+    if fields is None or fields[_STATE] == "Z":  # none, or exited and not yet reaped
+        return None
+    return int(fields[_START_TICKS])
+
+
+def parent_of(pid: int) -> Optional[int]:
+    """The process id of ``pid``'s parent, or None if there is no process ``pid``."""
+    fields = proc_stat(pid)
+    return None if fields is None else int(fields[_PARENT])
+
+
+def this_process() -> ProcessId:
+    """This process's name, as other processes of this machine can check it."""
+    return ProcessId(socket.gethostname(), os.getpid(), start_ticks(os.getpid()))
+
+
+def cpu_ticks(process: ProcessId) -> Optional[int]:
+    """The CPU time ``process`` has used (user and system clock ticks) while it is this
+    machine's and can run; None when it is another machine's, gone, a zombie, stopped by a
+    signal, or unknown."""
+    if process.start is None or process.host != socket.gethostname():
+        return None
+    fields = proc_stat(process.pid)
+    if fields is None or int(fields[_START_TICKS]) != process.start:
+        return None
+    if fields[_STATE] in _CANNOT_RUN:
+        return None
+    return int(fields[_USER_TICKS]) + int(fields[_SYSTEM_TICKS])
+
+
+def has_run(process: ProcessId, since: Optional[int]) -> bool:
+    """Whether ``process`` used CPU time after ``cpu_ticks`` read ``since``, or is ready to
+    run now (waiting for a core on a busy machine counts as running)."""
+    now = cpu_ticks(process)
+    if now is None or since is None:
+        return False
+    if now > since:
+        return True
+    fields = proc_stat(process.pid)
+    return fields is not None and fields[_STATE] == "R"

@@ -1,0 +1,77 @@
+"""Processes as /proc shows them: running, stopped, gone, or another machine's."""
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ripples.core.processes import ProcessId, cpu_ticks, has_run, start_ticks, this_process
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
+
+SPIN = "while True: pass"
+
+
+def _started(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def _named(child: subprocess.Popen) -> ProcessId:
+    end = time.monotonic() + 10
+    while start_ticks(child.pid) is None and time.monotonic() < end:
+        time.sleep(0.01)
+    return ProcessId(this_process().host, child.pid, start_ticks(child.pid))
+
+
+def _after_a_while(process: ProcessId, seconds: float = 0.3) -> bool:
+    before = cpu_ticks(process)
+    time.sleep(seconds)
+    return has_run(process, before)
+
+
+def test_a_computing_process_runs_and_a_sleeping_one_does_not():
+    spinning, sleeping = _started(SPIN), _started("import time; time.sleep(60)")
+    try:
+        spin, nap = _named(spinning), _named(sleeping)
+        time.sleep(0.5)  # the sleeper's start-up is over
+        assert _after_a_while(spin)
+        assert not _after_a_while(nap)
+        assert cpu_ticks(nap) is not None  # it can run: it is only asleep
+    finally:
+        spinning.kill(), sleeping.kill()
+        spinning.wait(), sleeping.wait()
+
+
+def test_a_stopped_process_cannot_run_and_a_continued_one_can():
+    child = _started(SPIN)
+    try:
+        process = _named(child)
+        child.send_signal(signal.SIGSTOP)
+        end = time.monotonic() + 5
+        while cpu_ticks(process) is not None and time.monotonic() < end:
+            time.sleep(0.01)
+        assert cpu_ticks(process) is None
+        assert not has_run(process, 0)
+        child.send_signal(signal.SIGCONT)
+        assert _after_a_while(process)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_gone_process_a_reused_id_and_another_host_are_not_found():
+    child = _started(SPIN)
+    process = _named(child)
+    assert cpu_ticks(process) is not None
+    assert cpu_ticks(process._replace(start=process.start - 1)) is None  # another process
+    assert cpu_ticks(process._replace(host=process.host + "-elsewhere")) is None
+    assert cpu_ticks(process._replace(start=None)) is None
+    child.kill()
+    child.wait()
+    assert cpu_ticks(process) is None and start_ticks(child.pid) is None
+
+
+def test_this_process_is_named_by_its_start():
+    me = this_process()
+    assert me.start == start_ticks(me.pid) and cpu_ticks(me) > 0
