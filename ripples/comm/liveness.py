@@ -265,6 +265,7 @@ class Liveness:
                 running = [p for p in waiting if has_run(self.processes[p], ticks[p])]
                 if not running:
                     break
+                self._justified_at = time.monotonic()  # to those asking this rank meanwhile
                 waiting[:] = running
                 ticks = {p: cpu_ticks(self.processes[p]) for p in waiting}
                 self._collect(waiting, sequence, answers, answer_wait_s(self.timeout_s))

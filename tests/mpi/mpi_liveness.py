@@ -34,14 +34,17 @@ def test_a_blocking_allreduce_waits_for_a_busy_rank():
 
 
 def _hold_the_interpreter_lock(seconds: float) -> float:
-    """Run one native call that keeps the interpreter lock (and a core) for about
-    ``seconds``, as a large import or a long C extension call does; returns its length."""
-    start = time.perf_counter()
-    sum(itertools.repeat(1, 10**6))  # builtin sum: a C loop that never hands the lock over
-    count = int(seconds / max(time.perf_counter() - start, 1e-6) * 10**6)
-    start = time.perf_counter()
-    sum(itertools.repeat(1, count))
-    return time.perf_counter() - start
+    """Run one native call that keeps the interpreter lock (and a core) for at least
+    ``seconds``, as a large import or a long C extension call does (builtin ``sum`` is a C
+    loop that never hands the lock over); returns how long it held it. On a loaded machine
+    a measured rate can be off: a hold that fell short is made again, longer."""
+    count, held = 10**7, 0.0
+    while held < seconds:
+        start = time.perf_counter()
+        sum(itertools.repeat(1, count))
+        held = time.perf_counter() - start
+        count = int(count * min(100.0, 1.2 * seconds / max(held, 1e-3)))
+    return held
 
 
 def test_a_rank_holding_the_interpreter_lock_is_slow_not_dead():
@@ -49,10 +52,9 @@ def test_a_rank_holding_the_interpreter_lock_is_slow_not_dead():
     for longer than the timeout and the answer bound together; its process runs, so it is
     slow, not dead, and the others wait for it."""
     timeout = _timeout()
-    needed = current().liveness.check_after_s() + answer_wait_s(timeout)
-    if hvd.rank() == 1:
-        held = _hold_the_interpreter_lock(needed + 2 * answer_wait_s(timeout))
-        assert held > needed, f"the lock was held {held:.1f} s, not the {needed:.1f} s needed"
+    if hvd.rank() == 1:  # long enough for a question of the others' to fall well inside
+        _hold_the_interpreter_lock(current().liveness.check_after_s()
+                                   + 3 * answer_wait_s(timeout))
     out = hvd.allreduce(torch.ones(2), name="after-the-hold", op=hvd.Sum)
     assert out.tolist() == [3.0, 3.0]
 
