@@ -58,6 +58,7 @@ def test_a_member_frozen_in_a_blocking_call_is_named_and_the_job_ends(place, wha
         assert f"rank {rank} FINISHED" not in result.stdout, result.stdout
     assert "rank(s) [1] (on " in result.stdout and "did not answer a liveness check" in \
         result.stdout, result.stdout
+    assert "rank 1's process is stopped by SIGSTOP or a tracer" in result.stdout, result.stdout
     assert f"{what}: rank(s) [1]" in result.stdout, result.stdout
     assert "in the data phase" in result.stdout, result.stdout
     # the timeout, the answer bound, the watch's period, and the launcher's teardown

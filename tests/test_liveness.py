@@ -12,6 +12,7 @@ import torch
 from mpi_launch import TESTS_DIR, run_mpi, run_pytest_under_mpi
 
 from ripples.comm.liveness import NEVER, OUTSIDE, PeerState, assess, grace_s
+from ripples.core.processes import ProcessId
 
 T = 10.0
 LIMIT = T + grace_s(T)
@@ -178,7 +179,8 @@ def test_a_silent_peer_is_named_as_silent_so_fault_tolerance_can_go_on_without_i
     rank = module.Liveness(MPI.COMM_SELF.Dup(), T, T, enabled=False)
     monkeypatch.setattr(rank, "probe", lambda peers: {4: PeerState(OUTSIDE, NEVER), 5: None})
     rank.enabled, rank._thread = True, object()  # as if its responder ran
-    rank.hosts = ["h1"] * 5 + ["h2"]
+    rank.processes = [ProcessId("h1", 100 + r, None) for r in range(5)] + [
+        ProcessId("h2", 105, None)]
     with pytest.raises(PeersSilentError, match=r"rank\(s\) \[5\] \(on h2\)") as raised:
         rank.keep_waiting([4, 5], RipplesTimeoutError("allreduce: missing", missing=[4, 5]))
     assert raised.value.silent == (5,) and raised.value.missing == (4, 5)

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from ripples.core.processes import ProcessId, cpu_ticks, has_run, start_ticks, this_process
+from ripples.core.processes import (ProcessId, condition, cpu_ticks, has_run, start_ticks,
+                                     this_process)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
 
@@ -75,3 +76,20 @@ def test_a_gone_process_a_reused_id_and_another_host_are_not_found():
 def test_this_process_is_named_by_its_start():
     me = this_process()
     assert me.start == start_ticks(me.pid) and cpu_ticks(me) > 0
+
+
+def test_the_condition_says_what_a_process_does_in_words():
+    child = _started(SPIN)
+    try:
+        process = _named(child)
+        assert _after_a_while(process) and condition(process) in ("running", "alive, not running")
+        child.send_signal(signal.SIGSTOP)
+        end = time.monotonic() + 5
+        while condition(process) != "stopped by SIGSTOP or a tracer" and time.monotonic() < end:
+            time.sleep(0.01)
+        assert condition(process) == "stopped by SIGSTOP or a tracer"
+        assert condition(process._replace(host=process.host + "-elsewhere")) is None
+    finally:
+        child.kill()
+        child.wait()
+    assert condition(process) == "gone"

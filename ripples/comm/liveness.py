@@ -48,7 +48,7 @@ from mpi4py import MPI
 from ripples.comm import outbox
 from ripples.comm.stack_watch import MainThreadWatch
 from ripples.core.errors import PeersSilentError, RipplesTimeoutError
-from ripples.core.processes import ProcessId, cpu_ticks, has_run, this_process
+from ripples.core.processes import ProcessId, condition, cpu_ticks, has_run, this_process
 
 log = logging.getLogger("ripples")
 
@@ -138,7 +138,6 @@ class Liveness:
         # host can be seen running while it is silent (collective over ``comm``).
         self.processes: List[ProcessId] = [ProcessId(*p) for p in comm.allgather(
             tuple(this_process()))]
-        self.hosts: List[str] = [p.host for p in self.processes]
         self._depth = 0
         self._inside_since = 0.0
         self._justified_at: Optional[float] = None
@@ -341,9 +340,19 @@ class Liveness:
                 log.warning("ripples liveness: dropped a question it could not answer: %s",
                             error)
 
+    @property
+    def hosts(self) -> List[str]:
+        """Each world rank's host name."""
+        return [p.host for p in self.processes]
+
     def on_hosts(self, ranks: Sequence[int]) -> str:
-        """`` (on h2, h3)``: the hosts of world ``ranks``, to name a lost host."""
-        return f" (on {', '.join(sorted({self.hosts[r] for r in ranks}))})"
+        """`` (on h2, h3)``: the hosts of world ``ranks``, to name a lost host; for a rank
+        of this host, also what its process is doing (`` (on h1: rank 2's process is
+        stopped by SIGSTOP or a tracer)``)."""
+        hosts = ", ".join(sorted({self.processes[r].host for r in ranks}))
+        seen = [(r, condition(self.processes[r])) for r in ranks]
+        told = "; ".join(f"rank {r}'s process is {how}" for r, how in seen if how)
+        return f" (on {hosts}: {told})" if told else f" (on {hosts})"
 
     @property
     def answering(self) -> bool:

@@ -77,3 +77,21 @@ def has_run(process: ProcessId, since: Optional[int]) -> bool:
         return True
     fields = proc_stat(process.pid)
     return fields is not None and fields[_STATE] == "R"
+
+
+def condition(process: ProcessId) -> Optional[str]:
+    """What ``/proc`` says of ``process`` in words (``"gone"``, ``"exited"``, ``"stopped by
+    SIGSTOP or a tracer"``, ``"running"``, ``"alive, not running"``) where it is this
+    machine's; None where it is another machine's or unknown."""
+    if process.start is None or process.host != socket.gethostname():
+        return None
+    fields = proc_stat(process.pid)
+    if fields is None or int(fields[_START_TICKS]) != process.start:
+        return "gone"
+    state = fields[_STATE]
+    if state in "Tt":
+        return "stopped by SIGSTOP or a tracer"
+    if state in "ZXx":
+        return "exited"
+    return "running" if state == "R" else "alive, not running"
+
