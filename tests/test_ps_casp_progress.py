@@ -157,6 +157,29 @@ def test_asp_starved_by_its_servers_commits_to_communities_after_one_window():
     assert cp.boundary(state, [1.0] * 8) == 2 and state.committed is None
 
 
+def test_asp_starved_before_every_worker_pushed_leaves_for_one_community_at_once():
+    # 32 workers at 1 s per batch could deliver 32 batches/s; the server takes 2 a second,
+    # so every worker's first push would take 16 s to arrive.
+    def pushes(count, per_s):
+        return [(t / per_s, (t,), 1) for t in range(count)]
+
+    known = [1.0] * 7
+    assert cp.starved_before_every_push(cp.Progress(32, pushes=pushes(7, 2)), known)
+    assert not cp.starved_before_every_push(cp.Progress(32, pushes=pushes(5, 2)), known[:5])
+    assert not cp.starved_before_every_push(cp.Progress(32, pushes=pushes(31, 10)), [1.0] * 31)
+    assert not cp.starved_before_every_push(cp.Progress(32, pushes=pushes(7, 2), schedule=[32]),
+                                            known)
+    # Within 5 s (not the 16 s of every first push): one community, whose round brings
+    # every compute time, then the projection's count, with no window measured.
+    state = drive({32: 1.0, 2: 1.0, 1: 1.0}, [1.0] * 32, losses=False, server_s=0.5,
+                  seconds=5.0)
+    assert state.progress.starved_early
+    assert [len(plan) for _, plan in state.history] == [32, 1, 2]
+    assert state.progress.committed == 2 and not state.progress.results
+    # a server that keeps up: every worker pushes first, the exploration is unchanged
+    assert not drive({8: 1.0, 2: 1.5, 1: 0.5}, CLASSES).progress.starved_early
+
+
 def test_in_the_simulator_a_busy_server_makes_it_leave_asp():
     """8 workers (4 of them 3x slower) push a 50 MB model through one 1 GB/s link (50 ms
     per push): under ASP the link is the bottleneck, the loss falls faster under two

@@ -94,6 +94,10 @@ def regroup(state: Controller) -> bool:
     Returns True when ``state.plan`` changed."""
     fewest = min(state.rounds.get(c, 0) for c in state.plan)
     if fewest < 1 or len(state.times) < state.num_workers:
+        if state.progress is not None and casp_progress.starved_before_every_push(
+                state.progress, list(state.times.values())):
+            state.progress.starved_early = True
+            return _issue(state, contiguous(state.num_workers, 1))
         return False
     times = [state.times[w] for w in range(state.num_workers)]
     # An exploring progress controller may end a window early, by time (casp_progress),
@@ -111,6 +115,12 @@ def regroup(state: Controller) -> bool:
         plan = sort_and_cut(times, state.count)
     else:
         plan = choose(times, state.traffic_penalty)
+    return _issue(state, plan)
+
+
+def _issue(state: Controller, plan: Communities) -> bool:
+    """Make ``plan`` the current one, unless it is the current one already; the rounds
+    under the plan are counted anew either way."""
     state.rounds = {}
     if plan == state.plan:
         return False

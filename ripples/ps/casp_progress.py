@@ -29,6 +29,13 @@ communities that trained worse than plain ASP. This controller measures instead:
 - *Starved ASP*: when the first (ASP) window measures fewer than 0.3x the batches per
   second its workers' compute times allow, the servers cannot take a push per batch; the
   controller then commits to the projection's count at once, without more windows.
+- *Starved before every first push*: the first window needs every worker's compute time,
+  so it lasts until every worker has pushed once: ``n`` pushes of the whole model, seconds
+  for a large model and many workers when the servers take one push at a time. Once the
+  pushes so far, over ``TRIAL_ROUNDS`` of the slowest compute time measured yet, come at
+  under ``STARVED`` of what the measured compute times allow, the controller leaves for
+  one community (which needs no compute times to form, and whose first round brings all of
+  them) and then commits to the projection's count as above.
 - *Drift*: loss falls faster early in training, so windows later in time look worse. When
   an arm kept up in throughput and its loss rate is to be judged, ASP runs once more after
   it (``n, c, 1, n``) and each arm is compared with ASP's rate interpolated linearly to the
@@ -81,6 +88,7 @@ class Progress:
     pushes: List[Tuple[float, tuple, int]] = dataclasses.field(default_factory=list)
     results: List[Window] = dataclasses.field(default_factory=list)
     committed: Optional[int] = None
+    starved_early: bool = False  # left ASP for one community before every worker pushed
 
     @property
     def current(self) -> int:
@@ -148,6 +156,8 @@ def window_due(state: Progress, times: Sequence[float], regroup_every: int) -> b
     per second are already below ASP's by more than the margin."""
     if state.committed is not None or len(state.pushes) < 2:
         return False
+    if state.starved_early and not state.schedule:
+        return True  # one round of the one community gave every compute time
     span = state.pushes[-1][0] - state.pushes[0][0]
     if span >= regroup_every * max(times):
         return True
@@ -172,6 +182,23 @@ def starved(pushes: Sequence[Tuple[float, tuple, int]], times: Sequence[float],
     return measured is not None and measured < min_throughput * sum(1 / t for t in times)
 
 
+def starved_before_every_push(state: Progress, times: Sequence[float]) -> bool:
+    """In the first (ASP) window, before every worker has pushed once: True when the pushes
+    so far, over ``TRIAL_ROUNDS`` of the slowest compute time measured yet, come at under
+    ``STARVED`` times what those compute times allow all ``num_workers`` (``times``: the
+    workers measured so far). The servers then take one push of the whole model at a time,
+    and waiting for every worker's first push costs ``num_workers`` of them (seconds for a
+    large model and many workers); one community needs no compute times to form."""
+    if state.committed is not None or state.schedule or state.starved_early or not times \
+            or len(state.pushes) < 2:
+        return False
+    if state.pushes[-1][0] - state.pushes[0][0] < TRIAL_ROUNDS * max(times):
+        return False
+    measured = batch_rate(state.pushes)
+    allowed = state.num_workers * len(times) / sum(times)
+    return measured is not None and measured < STARVED * allowed
+
+
 def slope_rate(samples: Sequence[Tuple[float, float]]) -> Optional[float]:
     """Loss decrease per second over ``samples`` (minus the least-squares slope); None
     with fewer than 4 samples or no time between them."""
@@ -194,7 +221,7 @@ def boundary(state: Progress, times: Sequence[float]) -> int:
         if len(state.schedule) == 1:
             state.committed = state.schedule[0]
             return state.committed
-        if starved(state.pushes, times):
+        if state.starved_early or starved(state.pushes, times):
             state.committed = state.schedule[1]
             return state.committed
     began, ended = (state.pushes[0][0], state.pushes[-1][0]) if state.pushes else (0.0, 0.0)
