@@ -53,16 +53,24 @@ def this_process() -> ProcessId:
     return ProcessId(socket.gethostname(), os.getpid(), start_ticks(os.getpid()))
 
 
-def cpu_ticks(process: ProcessId) -> Optional[int]:
-    """The CPU time ``process`` has used (user and system clock ticks) while it is this
-    machine's and can run; None when it is another machine's, gone, a zombie, stopped by a
-    signal, or unknown."""
+def _fields_of(process: ProcessId) -> Optional[List[str]]:
+    """``proc_stat`` of ``process`` if it is this machine's and still the very process
+    (its id not reused); ``[]`` where it is gone; None where it is another machine's or
+    unknown."""
     if process.start is None or process.host != socket.gethostname():
         return None
     fields = proc_stat(process.pid)
     if fields is None or int(fields[_START_TICKS]) != process.start:
-        return None
-    if fields[_STATE] in _CANNOT_RUN:
+        return []
+    return fields
+
+
+def cpu_ticks(process: ProcessId) -> Optional[int]:
+    """The CPU time ``process`` has used (user and system clock ticks) while it is this
+    machine's and can run; None when it is another machine's, gone, a zombie, stopped by a
+    signal, or unknown."""
+    fields = _fields_of(process)
+    if not fields or fields[_STATE] in _CANNOT_RUN:
         return None
     return int(fields[_USER_TICKS]) + int(fields[_SYSTEM_TICKS])
 
@@ -73,20 +81,17 @@ def has_run(process: ProcessId, since: Optional[int]) -> bool:
     now = cpu_ticks(process)
     if now is None or since is None:
         return False
-    if now > since:
-        return True
-    fields = proc_stat(process.pid)
-    return fields is not None and fields[_STATE] == "R"
+    return now > since or condition(process) == "running"
 
 
 def condition(process: ProcessId) -> Optional[str]:
     """What ``/proc`` says of ``process`` in words (``"gone"``, ``"exited"``, ``"stopped by
     SIGSTOP or a tracer"``, ``"running"``, ``"alive, not running"``) where it is this
     machine's; None where it is another machine's or unknown."""
-    if process.start is None or process.host != socket.gethostname():
+    fields = _fields_of(process)
+    if fields is None:
         return None
-    fields = proc_stat(process.pid)
-    if fields is None or int(fields[_START_TICKS]) != process.start:
+    if not fields:
         return "gone"
     state = fields[_STATE]
     if state in "Tt":
@@ -94,4 +99,3 @@ def condition(process: ProcessId) -> Optional[str]:
     if state in "ZXx":
         return "exited"
     return "running" if state == "R" else "alive, not running"
-
