@@ -22,7 +22,7 @@ def _named(child: subprocess.Popen) -> ProcessId:
     end = time.monotonic() + 10
     while start_ticks(child.pid) is None and time.monotonic() < end:
         time.sleep(0.01)
-    return ProcessId(this_process().host, child.pid, start_ticks(child.pid))
+    return this_process()._replace(pid=child.pid, start=start_ticks(child.pid))
 
 
 def _after_a_while(process: ProcessId, seconds: float = 0.3) -> bool:
@@ -67,6 +67,7 @@ def test_a_gone_process_a_reused_id_and_another_host_are_not_found():
     assert cpu_ticks(process) is not None
     assert cpu_ticks(process._replace(start=process.start - 1)) is None  # another process
     assert cpu_ticks(process._replace(host=process.host + "-elsewhere")) is None
+    assert cpu_ticks(process._replace(namespace="pid:[another container]")) is None
     assert cpu_ticks(process._replace(start=None)) is None
     child.kill()
     child.wait()

@@ -19,11 +19,20 @@ _CANNOT_RUN = frozenset("ZXxTt")  # zombie, dead, stopped (SIGSTOP), stopped by 
 
 
 class ProcessId(NamedTuple):
-    """A process, named so that another machine or a reused id never passes for it."""
+    """A process, named so that another machine, another container on the same machine
+    (its own process ids) or a reused id never passes for it."""
 
     host: str
     pid: int
     start: Optional[int]  # clock ticks since boot; None where /proc cannot tell
+    namespace: str = ""   # the process-id namespace it was seen from
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def proc_stat(pid: int) -> Optional[List[str]]:
@@ -50,14 +59,16 @@ def parent_of(pid: int) -> Optional[int]:
 
 def this_process() -> ProcessId:
     """This process's name, as other processes of this machine can check it."""
-    return ProcessId(socket.gethostname(), os.getpid(), start_ticks(os.getpid()))
+    return ProcessId(socket.gethostname(), os.getpid(), start_ticks(os.getpid()),
+                     _pid_namespace())
 
 
 def _fields_of(process: ProcessId) -> Optional[List[str]]:
     """``proc_stat`` of ``process`` if it is this machine's and still the very process
     (its id not reused); ``[]`` where it is gone; None where it is another machine's or
     unknown."""
-    if process.start is None or process.host != socket.gethostname():
+    if process.start is None or process.host != socket.gethostname() \
+            or process.namespace != _pid_namespace():
         return None
     fields = proc_stat(process.pid)
     if fields is None or int(fields[_START_TICKS]) != process.start:
