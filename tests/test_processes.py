@@ -32,10 +32,12 @@ def _after_a_while(process: ProcessId, seconds: float = 0.3) -> bool:
 
 
 def test_a_computing_process_runs_and_a_sleeping_one_does_not():
-    spinning, sleeping = _started(SPIN), _started("import time; time.sleep(60)")
+    spinning = _started(SPIN)
+    sleeping = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); "
+                                 "time.sleep(60)"], stdout=subprocess.PIPE)
     try:
         spin, nap = _named(spinning), _named(sleeping)
-        time.sleep(0.5)  # the sleeper's start-up is over
+        sleeping.stdout.readline()  # its start-up is over: it sleeps from here on
         assert _after_a_while(spin)
         assert not _after_a_while(nap)
         assert cpu_ticks(nap) is not None  # it can run: it is only asleep

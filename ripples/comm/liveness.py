@@ -340,11 +340,6 @@ class Liveness:
                 log.warning("ripples liveness: dropped a question it could not answer: %s",
                             error)
 
-    @property
-    def hosts(self) -> List[str]:
-        """Each world rank's host name."""
-        return [p.host for p in self.processes]
-
     def on_hosts(self, ranks: Sequence[int]) -> str:
         """`` (on h2, h3)``: the hosts of world ``ranks``, to name a lost host; for a rank
         of this host, also what its process is doing (`` (on h1: rank 2's process is

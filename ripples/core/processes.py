@@ -83,16 +83,20 @@ def cpu_ticks(process: ProcessId) -> Optional[int]:
     fields = _fields_of(process)
     if not fields or fields[_STATE] in _CANNOT_RUN:
         return None
+    return _ticks(fields)
+
+
+def _ticks(fields: List[str]) -> int:
     return int(fields[_USER_TICKS]) + int(fields[_SYSTEM_TICKS])
 
 
 def has_run(process: ProcessId, since: Optional[int]) -> bool:
     """Whether ``process`` used CPU time after ``cpu_ticks`` read ``since``, or is ready to
     run now (waiting for a core on a busy machine counts as running)."""
-    now = cpu_ticks(process)
-    if now is None or since is None:
+    fields = _fields_of(process)
+    if not fields or since is None or fields[_STATE] in _CANNOT_RUN:
         return False
-    return now > since or condition(process) == "running"
+    return _ticks(fields) > since or fields[_STATE] == "R"
 
 
 def condition(process: ProcessId) -> Optional[str]:
