@@ -125,6 +125,17 @@ def test_the_watch_sees_a_tight_loop_that_calls_no_python_function_move(loop):
     assert max(longest) < 0.5, (max(longest), len(longest))
 
 
+def test_a_frame_of_the_import_machinery_without_an_offset_counts_as_not_moving():
+    """``f_lasti`` is None for such frames (seen while a rank imported torch._dynamo): the
+    responder used to fail on it and drop the question, so a busy rank looked dead."""
+    from types import SimpleNamespace
+
+    from ripples.comm.stack_watch import running_bytecode
+
+    frame = SimpleNamespace(f_code=test_old_unjustified_waits_are_hung.__code__, f_lasti=None)
+    assert running_bytecode(frame) is False
+
+
 def test_a_rank_that_gave_up_is_hung_only_to_waits_that_began_before(monkeypatch):
     from mpi4py import MPI
 

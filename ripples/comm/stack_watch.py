@@ -60,7 +60,8 @@ def running_bytecode(frame: Optional[FrameType]) -> bool:
     if frame is None:
         return False
     code, offset = frame.f_code.co_code, frame.f_lasti
-    return 0 <= offset < len(code) and code[offset] in _HANDOVER_OPCODES
+    # f_lasti is None for a frame of the import machinery (seen while a rank imports)
+    return offset is not None and 0 <= offset < len(code) and code[offset] in _HANDOVER_OPCODES
 
 
 def describe(frame: Optional[FrameType]) -> str:
