@@ -216,6 +216,19 @@ def _lose_a_host(action, tmp_path, env=None):
     return code, out, took
 
 
+def test_a_rank_holding_the_interpreter_lock_is_waited_for_by_ranks_on_other_hosts(
+        cluster, tmp_path):
+    """Rank 1 (on h1) cannot answer the liveness check for seconds; the ranks on h2 and h3
+    learn from rank 0, on h1 with it, that its process runs, and wait."""
+    script = str(TESTS_DIR / "mpi" / "lock_across_hosts.py")
+    job = Job(["-np", "5", "-H", HOSTS, sys.executable, script], tmp_path,
+              env={"RIPPLES_TIMEOUT_S": "3"})
+    code, out = job.finish(limit=120)
+    assert code == 0, out
+    assert "HELD rank 1 for" in out and "did not answer" not in out, out
+    assert sorted(re.findall(r"DONE (\d) sum=5", out)) == ["0", "1", "2", "3", "4"], out
+
+
 def test_a_killed_host_ends_the_job_non_zero_within_15_s_naming_it(cluster, tmp_path):
     code, out, took = _lose_a_host(["kill", "h2"], tmp_path)
     assert code != 0, out

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from ripples.core.processes import (ProcessId, condition, cpu_ticks, has_run, start_ticks,
-                                     this_process)
+from ripples.core.processes import (ProcessId, Sample, condition, has_run, sample,
+                                     start_ticks, this_process)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
 
@@ -26,9 +26,9 @@ def _named(child: subprocess.Popen) -> ProcessId:
 
 
 def _after_a_while(process: ProcessId, seconds: float = 0.3) -> bool:
-    before = cpu_ticks(process)
+    before = sample(process)
     time.sleep(seconds)
-    return has_run(process, before)
+    return has_run(before, sample(process))
 
 
 def test_a_computing_process_runs_and_a_sleeping_one_does_not():
@@ -40,7 +40,7 @@ def test_a_computing_process_runs_and_a_sleeping_one_does_not():
         sleeping.stdout.readline()  # its start-up is over: it sleeps from here on
         assert _after_a_while(spin)
         assert not _after_a_while(nap)
-        assert cpu_ticks(nap) is not None  # it can run: it is only asleep
+        assert sample(nap) is not None and not sample(nap).ready  # it can run: it sleeps
     finally:
         spinning.kill(), sleeping.kill()
         spinning.wait(), sleeping.wait()
@@ -52,10 +52,10 @@ def test_a_stopped_process_cannot_run_and_a_continued_one_can():
         process = _named(child)
         child.send_signal(signal.SIGSTOP)
         end = time.monotonic() + 5
-        while cpu_ticks(process) is not None and time.monotonic() < end:
+        while sample(process) is not None and time.monotonic() < end:
             time.sleep(0.01)
-        assert cpu_ticks(process) is None
-        assert not has_run(process, 0)
+        assert sample(process) is None
+        assert not has_run(Sample(0, True), sample(process))
         child.send_signal(signal.SIGCONT)
         assert _after_a_while(process)
     finally:
@@ -66,19 +66,19 @@ def test_a_stopped_process_cannot_run_and_a_continued_one_can():
 def test_a_gone_process_a_reused_id_and_another_host_are_not_found():
     child = _started(SPIN)
     process = _named(child)
-    assert cpu_ticks(process) is not None
-    assert cpu_ticks(process._replace(start=process.start - 1)) is None  # another process
-    assert cpu_ticks(process._replace(host=process.host + "-elsewhere")) is None
-    assert cpu_ticks(process._replace(namespace="pid:[another container]")) is None
-    assert cpu_ticks(process._replace(start=None)) is None
+    assert sample(process) is not None
+    assert sample(process._replace(start=process.start - 1)) is None  # another process
+    assert sample(process._replace(host=process.host + "-elsewhere")) is None
+    assert sample(process._replace(namespace="pid:[another container]")) is None
+    assert sample(process._replace(start=None)) is None
     child.kill()
     child.wait()
-    assert cpu_ticks(process) is None and start_ticks(child.pid) is None
+    assert sample(process) is None and start_ticks(child.pid) is None
 
 
 def test_this_process_is_named_by_its_start():
     me = this_process()
-    assert me.start == start_ticks(me.pid) and cpu_ticks(me) > 0
+    assert me.start == start_ticks(me.pid) and sample(me).ticks > 0 and sample(me).ready
 
 
 def test_the_condition_says_what_a_process_does_in_words():

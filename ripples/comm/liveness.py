@@ -5,10 +5,11 @@ peers it waits for how they are (``Liveness.keep_waiting``), and every rank answ
 small responder thread on a private communicator, whatever its main thread is doing:
 
 - a peer that does not answer within a short bound (``answer_wait_s``) is dead (or its
-  process is frozen): the wait fails, naming it; unless it runs on this host and its
-  process is seen running (``ripples.core.processes``): its responder then waits for the
-  interpreter lock (a long import or native call) or for a core, and it is asked again for
-  as long as it runs, up to ``Config.stall_shutdown_s``;
+  process is frozen): the wait fails, naming it; unless its process is seen running
+  (``ripples.core.processes``; a peer of another host is looked at by another rank of its
+  host, asked to): its responder then waits for the interpreter lock (a long import or
+  native call) or for a core, and it is asked again for as long as it runs, up to
+  ``Config.stall_shutdown_s``;
 - a peer that is outside ripples (computing, evaluating, writing a checkpoint) is busy: the
   wait goes on, with a stall warning every ``Config.stall_warning_s`` naming where each
   busy peer is;
@@ -48,11 +49,16 @@ from mpi4py import MPI
 from ripples.comm import outbox
 from ripples.comm.stack_watch import MainThreadWatch
 from ripples.core.errors import PeersSilentError, RipplesTimeoutError
-from ripples.core.processes import ProcessId, condition, cpu_ticks, has_run, this_process
+from ripples.core.processes import (ProcessId, Sample, condition, has_run, sample,
+                                   this_process)
 
 log = logging.getLogger("ripples")
 
+# Every tag used on the liveness communicator, here so that none is used twice.
 _PING, _PONG = 41, 42
+MEMBERSHIP_TAGS = (43, 44)  # the membership rounds' (ripples.comm.membership)
+_LOOK, _LOOKED = 45, 46  # asked of a rank on a silent peer's host: how its process runs
+_WITNESSES = 2  # ranks asked to look at one silent peer
 _RESPONDER_NAP_S = 0.02
 _NAPS_PER_RELEASE = 50  # about a second between looks at the outbox
 OUTSIDE = -1.0  # PeerState.inside_s of a peer that is not waiting inside ripples
@@ -146,6 +152,7 @@ class Liveness:
         self._hung_until = -math.inf  # reports a hung wait until then, though it left it,
         self._gave_up_at = -math.inf   # ... to askers whose wait began before this
         self._sequence = 0
+        self._looks_asked = 0
         self._probe_lock = threading.Lock()
         self._closing = threading.Event()
         self._thread = None
@@ -247,29 +254,90 @@ class Liveness:
             self._sequence += 1
             sequence = self._sequence
             answers: Dict[int, Optional[PeerState]] = {}
-            question = (sequence, self.waited_s())
-            for peer in peers:
-                try:
-                    outbox.keep_until_complete(self._comm.isend(question, dest=peer, tag=_PING))
-                except MPI.Exception:
-                    answers[peer] = None
+            self._ask(peers, sequence, answers)
             waiting = [p for p in peers if p not in answers]
-            ticks = {p: cpu_ticks(self.processes[p]) for p in waiting}
-            self._collect(waiting, sequence, answers, answer_wait_s(self.timeout_s))
-            # A silent peer of this host that runs holds the interpreter lock in a long call
-            # (an import, a native kernel) or waits for a core: slow, not dead. It is asked
-            # for as long as it keeps running, up to the stuck bound.
+            wait_s = answer_wait_s(self.timeout_s)
+            earlier: Dict[int, Optional[Sample]] = {p: sample(self.processes[p])
+                                                    for p in waiting if self._here(p)}
+            asked = self._ask_witnesses(waiting)
+            self._collect(waiting, sequence, answers, wait_s)
+            # A silent peer that runs holds the interpreter lock in a long call (an import,
+            # a native kernel) or waits for a core: slow, not dead. It is asked for as long
+            # as it keeps running, up to the stuck bound. A peer of this host is looked at
+            # here; one of another host by a rank of its host (the first look only says it
+            # can run, so it gets one more round to show it runs).
             give_up = time.monotonic() + (self.stall_shutdown_s or math.inf)
             while waiting and time.monotonic() < give_up:
-                running = [p for p in waiting if has_run(self.processes[p], ticks[p])]
+                now = self._looks(waiting, asked)
+                running = [p for p in waiting if has_run(earlier.get(p), now[p])
+                           or (p not in earlier and now[p] is not None)]
                 if not running:
                     break
                 self._justified_at = time.monotonic()  # to those asking this rank meanwhile
                 waiting[:] = running
-                ticks = {p: cpu_ticks(self.processes[p]) for p in waiting}
-                self._collect(waiting, sequence, answers, answer_wait_s(self.timeout_s))
+                earlier = {p: now[p] for p in running}
+                self._ask(waiting, sequence, answers)  # in case a question went unanswered
+                waiting[:] = [p for p in waiting if p not in answers]
+                asked = self._ask_witnesses(waiting)
+                self._collect(waiting, sequence, answers, wait_s)
             answers.update({peer: None for peer in waiting})
             return answers
+
+    def _ask(self, peers: Sequence[int], sequence: int,
+             answers: Dict[int, Optional[PeerState]]) -> None:
+        """Send question ``sequence`` to ``peers``; None into ``answers`` for a peer that
+        cannot be sent to (dead)."""
+        question = (sequence, self.waited_s())
+        for peer in peers:
+            try:
+                outbox.keep_until_complete(self._comm.isend(question, dest=peer, tag=_PING))
+            except MPI.Exception:
+                answers[peer] = None
+
+    def _here(self, peer: int) -> bool:
+        return self.processes[peer].host == self.processes[self.rank].host
+
+    def _ask_witnesses(self, peers: Sequence[int]) -> Dict[int, Tuple[int, List[int]]]:
+        """Ask up to ``_WITNESSES`` other ranks of each peer's host (for peers of other
+        hosts) to look at the peer's process; their answers are read by ``_looks``.
+        Returns peer -> (question number, witnesses asked)."""
+        asked = {}
+        for peer in peers:
+            if self._here(peer):
+                continue
+            witnesses = [w for w, p in enumerate(self.processes) if w not in (peer, self.rank)
+                         and p.host == self.processes[peer].host][:_WITNESSES]
+            self._looks_asked += 1
+            for witness in witnesses:
+                try:
+                    outbox.keep_until_complete(self._comm.isend(
+                        (self._looks_asked, peer), dest=witness, tag=_LOOK))
+                except MPI.Exception:
+                    pass  # a dead witness: the others may still answer
+            asked[peer] = (self._looks_asked, witnesses)
+        return asked
+
+    def _looks(self, peers: Sequence[int], asked: Dict[int, Tuple[int, List[int]]]
+               ) -> Dict[int, Optional[Sample]]:
+        """A look at each peer's process: read here for a peer of this host, else the
+        first look a witness answered (None where none did, or none could run)."""
+        looks: Dict[int, Optional[Sample]] = {}
+        for peer in peers:
+            if peer not in asked:
+                looks[peer] = sample(self.processes[peer])
+                continue
+            number, witnesses = asked[peer]
+            looks[peer] = None
+            for witness in witnesses:
+                try:
+                    while looks[peer] is None and self._comm.iprobe(source=witness,
+                                                                    tag=_LOOKED):
+                        answer = _decoded(self._comm, witness, _LOOKED, _as_look)
+                        if answer is not None and answer[0] == number:
+                            looks[peer] = answer[1]
+                except MPI.Exception:  # the witness died: it says nothing
+                    continue
+        return looks
 
     def _collect(self, waiting: List[int], sequence: int,
                  answers: Dict[int, Optional[PeerState]], wait_s: float) -> None:
@@ -321,19 +389,28 @@ class Liveness:
         while not self._closing.is_set():
             try:
                 self._main_thread.sample()
-                if not self._comm.iprobe(source=MPI.ANY_SOURCE, tag=_PING, status=status):
+                if self._comm.iprobe(source=MPI.ANY_SOURCE, tag=_PING, status=status):
+                    source = status.Get_source()
+                    question = _decoded(self._comm, source, _PING, _as_question)
+                    if question is not None:
+                        sequence, asker_waited_s = question
+                        outbox.keep_until_complete(self._comm.isend(
+                            (sequence, tuple(self.state(asker_waited_s))), dest=source,
+                            tag=_PONG))
+                elif self._comm.iprobe(source=MPI.ANY_SOURCE, tag=_LOOK, status=status):
+                    source = status.Get_source()
+                    question = _decoded(self._comm, source, _LOOK, _as_look_question)
+                    if question is not None:
+                        number, peer = question
+                        seen = sample(self.processes[peer])
+                        outbox.keep_until_complete(self._comm.isend(
+                            (number, None if seen is None else tuple(seen)), dest=source,
+                            tag=_LOOKED))
+                else:
                     self._closing.wait(_RESPONDER_NAP_S)
                     naps += 1
                     if naps % _NAPS_PER_RELEASE == 0:
                         outbox.release_completed()  # what ended: buffers no one else frees
-                    continue
-                source = status.Get_source()
-                question = _decoded(self._comm, source, _PING, _as_question)
-                if question is None:
-                    continue
-                sequence, asker_waited_s = question
-                outbox.keep_until_complete(self._comm.isend(
-                    (sequence, tuple(self.state(asker_waited_s))), dest=source, tag=_PONG))
             except MPI.Exception:  # a peer died mid-message: the others still get answers
                 self._closing.wait(_RESPONDER_NAP_S)
             except Exception as error:  # a rank whose responder stopped would look dead
@@ -376,6 +453,16 @@ class Liveness:
 def _as_question(message) -> Tuple[int, float]:
     sequence, asker_waited_s = message
     return int(sequence), float(asker_waited_s)
+
+
+def _as_look_question(message) -> Tuple[int, int]:
+    number, peer = message
+    return int(number), int(peer)
+
+
+def _as_look(message) -> Tuple[int, Optional[Sample]]:
+    number, seen = message
+    return int(number), None if seen is None else Sample(int(seen[0]), bool(seen[1]))
 
 
 def _as_answer(message) -> Tuple[int, PeerState]:

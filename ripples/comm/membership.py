@@ -31,9 +31,9 @@ from typing import List, NamedTuple, Sequence
 from mpi4py import MPI
 
 from ripples.comm import fail_fast, failures, outbox
-from ripples.comm.liveness import Liveness, answer_wait_s
+from ripples.comm.liveness import MEMBERSHIP_TAGS, Liveness, answer_wait_s
 
-_DECISION, _LEFT_OUT = 43, 44
+_DECISION, _LEFT_OUT = MEMBERSHIP_TAGS
 EXIT_STATUS = 1
 
 

@@ -1,10 +1,10 @@
 """Processes of this machine as ``/proc`` shows them (Linux; elsewhere nothing is found).
 
 A process is named by its id and its start time, so that an id reused by another process
-never passes for it. ``cpu_ticks`` tells a process that runs (it used CPU time lately, or is
-ready to) from one that cannot (stopped by a signal, exited): what lets a rank tell a peer
-that is silent because it holds the interpreter lock in a long call, or is starved of CPU,
-from one that is frozen or gone.
+never passes for it. Two ``sample`` looks tell a process that runs (it used CPU time
+between them, or is ready to) from one that cannot (stopped by a signal, exited) or does
+not (blocked): what lets a rank tell a peer that is silent because it holds the
+interpreter lock in a long call, or is starved of CPU, from one that is frozen or gone.
 """
 from __future__ import annotations
 
@@ -76,27 +76,29 @@ def _fields_of(process: ProcessId) -> Optional[List[str]]:
     return fields
 
 
-def cpu_ticks(process: ProcessId) -> Optional[int]:
-    """The CPU time ``process`` has used (user and system clock ticks) while it is this
-    machine's and can run; None when it is another machine's, gone, a zombie, stopped by a
-    signal, or unknown."""
+class Sample(NamedTuple):
+    """One look at a process that can run: the CPU time it has used (user and system clock
+    ticks) and whether it is ready to run at that moment (state R)."""
+
+    ticks: int
+    ready: bool
+
+
+def sample(process: ProcessId) -> Optional[Sample]:
+    """A look at ``process`` while it is this machine's and can run; None when it is
+    another machine's, gone, a zombie, stopped by a signal, or unknown."""
     fields = _fields_of(process)
     if not fields or fields[_STATE] in _CANNOT_RUN:
         return None
-    return _ticks(fields)
+    return Sample(int(fields[_USER_TICKS]) + int(fields[_SYSTEM_TICKS]), fields[_STATE] == "R")
 
 
-def _ticks(fields: List[str]) -> int:
-    return int(fields[_USER_TICKS]) + int(fields[_SYSTEM_TICKS])
-
-
-def has_run(process: ProcessId, since: Optional[int]) -> bool:
-    """Whether ``process`` used CPU time after ``cpu_ticks`` read ``since``, or is ready to
-    run now (waiting for a core on a busy machine counts as running)."""
-    fields = _fields_of(process)
-    if not fields or since is None or fields[_STATE] in _CANNOT_RUN:
-        return False
-    return _ticks(fields) > since or fields[_STATE] == "R"
+def has_run(before: Optional[Sample], after: Optional[Sample]) -> bool:
+    """Whether a process used CPU time between two looks, or was ready to run at the later
+    one (waiting for a core on a busy machine counts as running); False where either look
+    found nothing."""
+    return before is not None and after is not None and (after.ticks > before.ticks
+                                                         or after.ready)
 
 
 def condition(process: ProcessId) -> Optional[str]:

@@ -1,7 +1,6 @@
 """Slow is not dead (run with RIPPLES_TIMEOUT_S=2 on 3 ranks): a rank alive but busy outside
 ripples for several timeouts never fails its peers; ranks waiting on each other inside
 ripples fail, naming them, within about twice the timeout."""
-import itertools
 import time
 
 import pytest
@@ -11,6 +10,8 @@ import ripples.torch as hvd
 from ripples.comm.liveness import answer_wait_s
 from ripples.core.errors import RipplesError
 from ripples.runtime import current
+
+from lock_hold import hold_the_interpreter_lock
 
 BUSY_TIMEOUTS = 3  # how many timeouts the busy rank keeps the others waiting
 
@@ -33,27 +34,13 @@ def test_a_blocking_allreduce_waits_for_a_busy_rank():
     assert time.monotonic() - start >= busy_s - 0.5 or hvd.rank() == 2
 
 
-def _hold_the_interpreter_lock(seconds: float) -> float:
-    """Run one native call that keeps the interpreter lock (and a core) for at least
-    ``seconds``, as a large import or a long C extension call does (builtin ``sum`` is a C
-    loop that never hands the lock over); returns how long it held it. On a loaded machine
-    a measured rate can be off: a hold that fell short is made again, longer."""
-    count, held = 10**7, 0.0
-    while held < seconds:
-        start = time.perf_counter()
-        sum(itertools.repeat(1, count))
-        held = time.perf_counter() - start
-        count = int(count * min(100.0, 1.2 * seconds / max(held, 1e-3)))
-    return held
-
-
 def test_a_rank_holding_the_interpreter_lock_is_slow_not_dead():
     """Rank 1's responder cannot answer while its main thread holds the interpreter lock
     for longer than the timeout and the answer bound together; its process runs, so it is
     slow, not dead, and the others wait for it."""
     timeout = _timeout()
     if hvd.rank() == 1:  # long enough for a question of the others' to fall well inside
-        _hold_the_interpreter_lock(current().liveness.check_after_s()
+        hold_the_interpreter_lock(current().liveness.check_after_s()
                                    + 3 * answer_wait_s(timeout))
     out = hvd.allreduce(torch.ones(2), name="after-the-hold", op=hvd.Sum)
     assert out.tolist() == [3.0, 3.0]
