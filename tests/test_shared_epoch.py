@@ -7,7 +7,7 @@ import pytest
 import torch.utils.data.distributed as torch_distributed
 
 from ripples.schedule.shared_epoch import (FIRST_CHUNK, ChunkSizer, EpochMismatch, EpochPool,
-                                           chunk_cap, pool_length)
+                                           chunk_cap, pool_length, undrawn)
 from ripples.torch.sampler import epoch_order
 
 
@@ -120,3 +120,26 @@ def test_chunk_sizer_fixed_batch_and_adaptive_rate():
 def test_chunk_cap_gives_every_rank_several_chunks(length, replicas, expected):
     assert chunk_cap(length, replicas) == expected
     assert math.ceil(length / chunk_cap(length, replicas)) >= min(length, replicas * 8)
+
+
+@pytest.mark.parametrize("position,drawn,expected", [
+    (0, [], []),
+    (12, [], [(0, 12)]),
+    (20, [(16, 20), (4, 8)], [(0, 4), (8, 16)]),
+    (24, [(0, 4), (4, 8), (20, 24)], [(8, 20)]),
+    (10, [(0, 10)], []),
+    (10, [(2, 6), (3, 5), (8, 10)], [(0, 2), (6, 8)])])  # an overlap is covered once
+def test_what_no_survivor_drew_before_the_furthest_position(position, drawn, expected):
+    assert undrawn(position, drawn) == expected
+
+
+def test_a_pool_rebuilt_without_its_keeper_hands_out_every_position_once():
+    """Survivors drew [4, 8) and [16, 20) of 24; the pool rebuilt from the furthest (20)
+    with the gaps handed back gives every other position exactly once."""
+    drawn = [(4, 8), (16, 20)]
+    pool = EpochPool(24, pass_no=1, epoch=0, position=20, returned=undrawn(20, drawn))
+    chunks = []
+    while (chunk := pool.draw(rank=0, pass_no=1, epoch=0, amount=4)) is not None:
+        chunks.append(chunk)
+    handed = [p for start, stop in chunks + drawn for p in range(start, stop)]
+    assert sorted(handed) == list(range(24))

@@ -113,6 +113,20 @@ class EpochPool:
         return back
 
 
+def undrawn(position: int, drawn) -> List[Chunk]:
+    """The parts of positions ``[0, position)`` that no chunk of ``drawn`` covers, in order:
+    what a pool rebuilt from its surviving drawers, after the rank that kept it died, hands
+    out again (the dead drew them, or were handing them out)."""
+    gaps, start = [], 0
+    for first, stop in sorted(drawn):
+        if first > start:
+            gaps.append((start, min(first, position)))
+        start = max(start, stop)
+    if start < position:
+        gaps.append((start, position))
+    return [gap for gap in gaps if gap[0] < gap[1]]
+
+
 class ChunkSizer:
     """How many positions the next draw asks for (state of one rank's sampler).
 

@@ -29,7 +29,7 @@ from ripples.comm.request_service import RequestService
 from ripples.core.errors import RanksFailedError
 from ripples.ops.collectives import allgather_object
 from ripples.schedule.shared_epoch import (Chunk, ChunkSizer, EpochPool, chunk_cap,
-                                           pool_length)
+                                           pool_length, undrawn)
 
 __all__ = ["DistributedSampler", "epoch_order"]
 
@@ -85,10 +85,10 @@ class DistributedSampler(torch_distributed.DistributedSampler):
     held goes back to the pool; a survivor still in that epoch trains on it, or, when the
     death is noticed only after every survivor finished the epoch (at a collective of the
     script), it is skipped with a warning naming it. If rank 0, which keeps the pool, dies,
-    the survivors go on from the furthest position any of them drew: positions the dead
-    ranks drew before it are not handed out again (the unfinished part of their last chunk
-    is skipped), those after it are (a sample they had trained on may be trained again),
-    and a warning says so.
+    the survivors rebuild the pool from what they drew: every position none of them drew is
+    handed out again (the dead ranks drew it, or rank 0 was handing it to a survivor when
+    it died), so nothing is lost, but a sample a dead rank had trained on may be trained
+    again; a warning says so.
     """
 
     def __init__(self, dataset, num_replicas: Optional[int] = None, rank: Optional[int] = None,
@@ -294,13 +294,14 @@ class WorkPool:
             pass_no, epoch, length, _ = max(views, key=lambda v: v[0])
             drawn = [c for v in views if v[0] == pass_no for c in v[3]]
             position = max((stop for _, stop in drawn), default=0)
-            skipped = position - sum(stop - start for start, stop in drawn)
+            again = undrawn(position, drawn)
             if rt.rank == 0:
                 log.warning("shared sampler %d: rank 0, which kept its position, died with "
                             "rank(s) %s; pass %d goes on from position %d, the furthest a "
-                            "survivor drew. The %d positions before it that dead ranks drew "
-                            "are not handed out again (the unfinished part of their last chunk "
-                            "is skipped), and those they drew after it are handed out again",
-                            pool_id, dead, pass_no, position, skipped)
-            pools[pool_id] = EpochPool(length, pass_no=pass_no, epoch=epoch, position=position)
+                            "survivor drew. The positions no survivor drew are handed out "
+                            "again, first those before it, %s: the dead ranks drew them (a "
+                            "sample they trained on may be trained again) or rank 0 was "
+                            "handing them out", pool_id, dead, pass_no, position, again)
+            pools[pool_id] = EpochPool(length, pass_no=pass_no, epoch=epoch, position=position,
+                                       returned=again)
         return pools if rt.rank == 0 else {}
