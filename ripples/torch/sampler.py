@@ -269,7 +269,7 @@ class WorkPool:
         old_ranks = rt.world.allgather(self._rank)
         dead = sorted(set(range(self._size)) - set(old_ranks))
         if old_ranks[0] != 0:
-            self._pools = self._rebuilt_without_keeper(rt, dead)
+            self._pools = self._rebuilt_without_keeper(rt, dead, old_ranks)
         for pool_id, pool in self._pools.items():
             back = pool.return_chunks(dead)
             if back:
@@ -278,9 +278,9 @@ class WorkPool:
             pool.holding = {old_ranks.index(r): c for r, c in pool.holding.items()}
         self._service = self._start_service()
 
-    def _rebuilt_without_keeper(self, rt, dead) -> Dict[int, EpochPool]:
+    def _rebuilt_without_keeper(self, rt, dead, old_ranks) -> Dict[int, EpochPool]:
         """Every pool's current pass continued from the furthest position a survivor drew
-        (kept on the new rank 0)."""
+        (kept on the new rank 0), each survivor holding its last chunk (by its old rank)."""
         mine = {}
         for pool_id, ref in self._samplers.items():
             sampler = ref()
@@ -302,6 +302,10 @@ class WorkPool:
                             "again, first those before it, %s: the dead ranks drew them (a "
                             "sample they trained on may be trained again) or rank 0 was "
                             "handing them out", pool_id, dead, pass_no, position, again)
+            holding = {old_ranks[rank]: theirs[pool_id][3][-1]
+                       for rank, theirs in enumerate(everyone)
+                       if pool_id in theirs and theirs[pool_id][0] == pass_no
+                       and theirs[pool_id][3]}
             pools[pool_id] = EpochPool(length, pass_no=pass_no, epoch=epoch, position=position,
-                                       returned=again)
+                                       returned=again, holding=holding)
         return pools if rt.rank == 0 else {}
