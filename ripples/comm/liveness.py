@@ -42,7 +42,7 @@ import math
 import re
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
@@ -268,7 +268,7 @@ class Liveness:
             # can run, so it gets one more round to show it runs).
             give_up = time.monotonic() + (self.stall_shutdown_s or math.inf)
             while waiting and time.monotonic() < give_up:
-                now = self._looks(waiting, asked)
+                now = self._looks(waiting, asked, wait_s)
                 running = [p for p in waiting if has_run(earlier.get(p), now[p])
                            or (p not in earlier and now[p] is not None)]
                 if not running:
@@ -317,36 +317,49 @@ class Liveness:
             asked[peer] = (self._looks_asked, witnesses)
         return asked
 
-    def _looks(self, peers: Sequence[int], asked: Dict[int, Tuple[int, List[int]]]
-               ) -> Dict[int, Optional[Sample]]:
+    def _looks(self, peers: Sequence[int], asked: Dict[int, Tuple[int, List[int]]],
+               wait_s: float) -> Dict[int, Optional[Sample]]:
         """A look at each peer's process: read here for a peer of this host, else the
-        first look a witness answered (None where none did, or none could run)."""
-        looks: Dict[int, Optional[Sample]] = {}
-        for peer in peers:
-            if peer not in asked:
-                looks[peer] = sample(self.processes[peer])
-                continue
-            number, witnesses = asked[peer]
-            looks[peer] = None
-            for witness in witnesses:
-                try:
-                    while looks[peer] is None and self._comm.iprobe(source=witness,
-                                                                    tag=_LOOKED):
-                        answer = _decoded(self._comm, witness, _LOOKED, _as_look)
-                        if answer is not None and answer[0] == number:
-                            looks[peer] = answer[1]
-                except MPI.Exception:  # the witness died: it says nothing
-                    continue
+        first look a witness answered (None where none answered, or the process cannot
+        run). A witness's answer may come after the answer bound when it, or this rank,
+        waits for a core: the witnesses get ``wait_s`` more to answer."""
+        looks = {peer: sample(self.processes[peer]) for peer in peers if peer not in asked}
+        pending = {peer: asked[peer] for peer in peers if peer in asked}
+
+        def heard_all() -> bool:
+            for peer, (number, witnesses) in list(pending.items()):
+                answered, seen = self._witness_answer(number, witnesses)
+                if answered:
+                    looks[peer] = seen
+                    del pending[peer]
+            return not pending
+
+        _poll(heard_all, wait_s)
+        looks.update({peer: None for peer in pending})
         return looks
+
+    def _witness_answer(self, number: int, witnesses: Sequence[int]
+                        ) -> Tuple[bool, Optional[Sample]]:
+        """(True, the look) once a witness answered look ``number`` (older answers are
+        dropped); (True, None) when there is no witness to hear from."""
+        if not witnesses:
+            return True, None
+        for witness in witnesses:
+            try:
+                while self._comm.iprobe(source=witness, tag=_LOOKED):
+                    answer = _decoded(self._comm, witness, _LOOKED, _as_look)
+                    if answer is not None and answer[0] == number:
+                        return True, answer[1]
+            except MPI.Exception:  # the witness died: it says nothing
+                continue
+        return False, None
 
     def _collect(self, waiting: List[int], sequence: int,
                  answers: Dict[int, Optional[PeerState]], wait_s: float) -> None:
         """Take the answers to question ``sequence`` that come within ``wait_s`` into
         ``answers`` (None for a peer that died meanwhile), removing their senders from
         ``waiting``."""
-        end = time.monotonic() + wait_s
-        pause = 1e-4
-        while waiting and time.monotonic() < end:
+        def heard_all() -> bool:
             for peer in list(waiting):
                 try:
                     state = self._answer(peer, sequence)
@@ -357,8 +370,9 @@ class Liveness:
                 if state is not None:
                     answers[peer] = state
                     waiting.remove(peer)
-            time.sleep(pause)
-            pause = min(0.01, pause * 2)
+            return not waiting
+
+        _poll(heard_all, wait_s)
 
     def _answer(self, peer: int, sequence: int) -> Optional[PeerState]:
         """``peer``'s answer to question ``sequence`` if it has come (older answers are
@@ -448,6 +462,16 @@ class Liveness:
         if self._thread is not None:
             self._thread.join()
         self._comm.Free()
+
+
+def _poll(done: Callable[[], bool], wait_s: float) -> None:
+    """Call ``done`` until it returns True or ``wait_s`` have passed, with pauses that
+    grow from 0.1 ms to 10 ms between calls."""
+    end = time.monotonic() + wait_s
+    pause = 1e-4
+    while not done() and time.monotonic() < end:
+        time.sleep(pause)
+        pause = min(0.01, pause * 2)
 
 
 def _as_question(message) -> Tuple[int, float]:
