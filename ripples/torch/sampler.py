@@ -279,8 +279,9 @@ class WorkPool:
         self._service = self._start_service()
 
     def _rebuilt_without_keeper(self, rt, dead, old_ranks) -> Dict[int, EpochPool]:
-        """Every pool's current pass continued from the furthest position a survivor drew
-        (kept on the new rank 0), each survivor holding its last chunk (by its old rank)."""
+        """Every pool's current pass continued from the furthest position a survivor drew,
+        the positions before it that no survivor drew handed out first, each survivor
+        holding its last chunk (by its old rank); kept on the new rank 0."""
         mine = {}
         for pool_id, ref in self._samplers.items():
             sampler = ref()
@@ -290,9 +291,11 @@ class WorkPool:
         everyone = rt.world.allgather(mine)
         pools = {}
         for pool_id in sorted({p for theirs in everyone for p in theirs}):
-            views = [theirs[pool_id] for theirs in everyone if pool_id in theirs]
-            pass_no, epoch, length, _ = max(views, key=lambda v: v[0])
-            drawn = [c for v in views if v[0] == pass_no for c in v[3]]
+            views = {old_ranks[rank]: theirs[pool_id]
+                     for rank, theirs in enumerate(everyone) if pool_id in theirs}
+            pass_no, epoch, length, _ = max(views.values(), key=lambda v: v[0])
+            draws = {rank: v[3] for rank, v in views.items() if v[0] == pass_no}
+            drawn = [chunk for chunks in draws.values() for chunk in chunks]
             position = max((stop for _, stop in drawn), default=0)
             again = undrawn(position, drawn)
             if rt.rank == 0:
@@ -302,10 +305,7 @@ class WorkPool:
                             "again, first those before it, %s: the dead ranks drew them (a "
                             "sample they trained on may be trained again) or rank 0 was "
                             "handing them out", pool_id, dead, pass_no, position, again)
-            holding = {old_ranks[rank]: theirs[pool_id][3][-1]
-                       for rank, theirs in enumerate(everyone)
-                       if pool_id in theirs and theirs[pool_id][0] == pass_no
-                       and theirs[pool_id][3]}
+            holding = {rank: chunks[-1] for rank, chunks in draws.items() if chunks}
             pools[pool_id] = EpochPool(length, pass_no=pass_no, epoch=epoch, position=position,
                                        returned=again, holding=holding)
         return pools if rt.rank == 0 else {}
