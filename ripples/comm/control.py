@@ -208,7 +208,11 @@ def judge(records: Dict[int, Record], what: str) -> Dict[int, tuple]:
         # none can submit more while it waits: nothing could ever run.
         lines = "; ".join(f"rank {r}: {sorted(by_rank[r])}" for r in active)
         problem = (f"{what} on group {group}: members are waiting on collectives of different "
-                   f"names ({lines}). Every member must submit the same names")
+                   f"names ({lines}). Every member must submit the same names. A "
+                   "collective in a loop that ranks run different numbers of times (uneven "
+                   "data, or hvd.DistributedSampler's shared epoch under sync='ripples' or "
+                   "'adpsgd': a metric all-reduced every batch) pairs up if every rank calls "
+                   "hvd.join() after the loop (hvd.average_model(model) joins first)")
         failed = {name: ("mismatch", problem) for name in missing}
         missing = {}
     replies = {r: ("ok", create, len(active), run,

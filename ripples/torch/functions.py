@@ -9,6 +9,7 @@ from ripples import runtime as _runtime
 from ripples.ops.collectives import broadcast_, broadcast_object, grouped_allreduce_
 from ripples.core.errors import RanksFailedError
 from ripples.core.reduce_ops import ReduceOp
+from ripples.ops.join import join
 from ripples.ops.reduction import split_by_dtype
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import serving
@@ -75,13 +76,22 @@ def average_model(model: torch.nn.Module) -> torch.nn.Module:
     saving the model the job trained (it also tells the optimizer that the replicas are
     equal, which silences its warning on ``model.state_dict()``).
 
+    Under an optimizer that lets ranks take different numbers of steps (those modes, and
+    ``hvd.DistributedSampler``'s shared epoch) it first joins (``hvd.join()``): a rank that
+    gets here early takes part, without data, in the collectives the others still run in
+    their last steps (a metric all-reduced every batch), so those pair up and the averaging
+    starts once every rank has left its loop.
+
     Under ``fault_tolerant`` a rank that dies (or is cut off) during the averaging does not
     end it: the survivors put back their own tensors and average them among themselves, so
     the call returns one model on every survivor instead of raising
     ``HorovodInternalError``. Each retry runs on a smaller world, so it ends."""
+    rt = _runtime.current()
+    if rt.uneven_steps:
+        join()
     tensors = [p.data for p in model.parameters()]
     tensors += [b for b in model.buffers() if b.dtype.is_floating_point]
-    snapshot = Snapshot() if _runtime.current().config.fault_tolerant else None
+    snapshot = Snapshot() if rt.config.fault_tolerant else None
     while True:
         if snapshot is not None:
             snapshot.save(tensors)

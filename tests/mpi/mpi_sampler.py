@@ -142,3 +142,44 @@ def test_bad_arguments_raise_on_every_rank_naming_them():
         with pytest.raises(ValueError, match="rank 1 builds a DistributedSampler with seed=9, "
                                              "rank 0 with seed=0"):
             hvd.DistributedSampler(dataset(10), seed=9 if RANK == 1 else 0)
+
+
+@pytest.mark.parametrize("sync", ["ripples", "adpsgd"])
+@pytest.mark.parametrize("end", ["average_model", "join"])
+def test_a_metric_all_reduced_every_batch_pairs_up_when_the_loop_ends_with_a_join(end, sync):
+    # Horovod's ImageNet example all-reduces its metrics every batch. With a shared epoch
+    # the ranks take different numbers of steps, so a rank done early must take part in
+    # the others' last all-reduces.
+    n = 203
+    model = torch.nn.Linear(1, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(), sync=sync)
+    sampler = hvd.DistributedSampler(dataset(n), seed=2, batch_size=4)
+    loader = tud.DataLoader(dataset(n), batch_size=4, sampler=sampler)
+    try:
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            samples = batches = steps = 0
+            for (batch,) in loader:
+                opt.zero_grad()
+                model(batch.float().unsqueeze(1) / n).pow(2).mean().backward()
+                samples += hvd.allreduce(torch.tensor(float(len(batch))), op=hvd.Sum,
+                                         name="samples").item()
+                batches += hvd.allreduce(torch.tensor(1.0), op=hvd.Sum).item()  # unnamed
+                opt.step()
+                steps += 1
+                time.sleep(0.002 * (3 if RANK == SLOW and SIZE > 1 else 1))
+            if end == "join":
+                hvd.join()
+            hvd.average_model(model)
+            counts = hvd.allgather_object(steps)
+            seen = hvd.allgather_object((samples, batches))
+            # The all-reduces keep the ranks in lockstep, one batch each per step: the 51
+            # batches split unevenly over 2 or 4 ranks, the case under test.
+            assert sum(counts) == 51 and max(counts) - min(counts) == int(51 % SIZE > 0), counts
+            # A joined rank adds zeros, so the rank that took the most steps saw every
+            # batch of every rank counted once.
+            most = max(range(SIZE), key=counts.__getitem__)
+            assert seen[most] == (n, sum(counts)), (epoch, counts, seen)
+    finally:
+        opt.close()
