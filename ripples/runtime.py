@@ -59,6 +59,14 @@ class Runtime:
         # Called by join() before the ranks meet: decentralized and PS optimizers finish
         # the work already assigned to this rank.
         self.join_hooks: List[Callable[[], None]] = []
+        # Called by join() once every rank has joined: an asynchronous AD-PSGD passive rank
+        # waits there for its active ranks' last exchanges, answered meanwhile by its
+        # responder, so that it serves the active ranks' last collectives (a metric
+        # all-reduced every batch) instead of waiting for them outside the join.
+        self.joined_hooks: List[Callable[[], None]] = []
+        # Called between join()'s rounds while this rank waits for the others to join; may
+        # raise (that passive rank's active ranks neither exchanged nor ended in time).
+        self.join_poll_hooks: List[Callable[[], None]] = []
         # Called when this rank leaves the training step (a collective of the script, the
         # end of its share of an epoch): schedules that form groups from the ranks that ask
         # stop waiting for it (``Schedule.away``). Cheap and never blocking.

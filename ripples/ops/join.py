@@ -22,7 +22,10 @@ def join(device: int = -1) -> int:
         try:
             for hook in rt.join_hooks:
                 hook()
-            return rt.engine.join()
+            last = rt.engine.join()
+            for hook in rt.joined_hooks:
+                hook()
+            return last
         except Exception as exc:
             error = rt.raised(exc)
             if not isinstance(error, RanksFailedError):

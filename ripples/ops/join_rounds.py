@@ -50,6 +50,8 @@ class JoinRounds:
 
         def idle() -> bool:
             nonlocal steps_seen
+            for poll in rt.join_poll_hooks:
+                poll()
             ran = sum(reducer.join_poll() for reducer in reducers)
             steps_seen += ran
             return ran > 0

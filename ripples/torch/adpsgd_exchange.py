@@ -177,29 +177,43 @@ class Responder:
         ``RipplesTimeoutError`` naming it, and the responder stops (with ``liveness``: only
         when it is not alive and busy, see ``ripples.comm.liveness``)."""
         self.start()
-        deadline = Deadline(self._timeout_s, self._stall_s, lambda: (
-            f"rank {self.rank}: AD-PSGD passive waiting for active rank(s) "
-            f"{sorted(self._pending)} to finish (they neither exchanged nor ended)"),
-            lambda: sorted(self._pending), self._liveness)
-        seen = (self.served, len(self._pending))
+        watch = self.watch()
         if self._liveness is not None:
             self._liveness.enter()
         try:
             while self._thread.is_alive():
                 self._thread.join(0.01)
-                now = (self.served, len(self._pending))
-                if now != seen:
-                    seen = now
-                    deadline.restart()
-                try:
-                    deadline.check()
-                except RipplesTimeoutError:
-                    self.stop()
-                    raise
+                watch()
         finally:
             if self._liveness is not None:
                 self._liveness.leave()
         self.check()
+
+    def watch(self) -> Callable[[], None]:
+        """A check to call now and then while the active ranks are expected to end: it
+        raises the error the responder stopped on, or, once none of them exchanged or ended
+        for ``timeout_s``, ``RipplesTimeoutError`` naming them (and stops the responder);
+        ``wait`` runs it in a loop, a passive rank in ``join()`` between its rounds."""
+        deadline = Deadline(self._timeout_s, self._stall_s, lambda: (
+            f"rank {self.rank}: AD-PSGD passive waiting for active rank(s) "
+            f"{sorted(self._pending)} to finish (they neither exchanged nor ended)"),
+            lambda: sorted(self._pending), self._liveness)
+        seen = [(self.served, len(self._pending))]
+
+        def check() -> None:
+            if not self._thread.is_alive():
+                self.check()
+                return
+            now = (self.served, len(self._pending))
+            if now != seen[0]:
+                seen[0] = now
+                deadline.restart()
+            try:
+                deadline.check()
+            except RipplesTimeoutError:
+                self.stop()
+                raise
+        return check
 
     def stop(self) -> None:
         """Stop answering now (cancels the pending receive) and wait for the thread."""

@@ -58,6 +58,7 @@ from ripples.torch.adpsgd_exchange import Responder, exchange, finish
 from ripples.torch.decentralized_optimizer import current_layout, floating_buffers
 from ripples.torch.snapshot import Snapshot
 from ripples.torch.flat_parameters import FlatParameters
+from ripples.torch.lockstep_watch import LockstepWatch
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import record
 from ripples.torch.replicas import ReplicaCheck
@@ -112,10 +113,14 @@ class AdpsgdOptimizer(WrappedOptimizer):
         self._snapshot = Snapshot()
         self._left = False
         self._left_generation = None  # the world in which leave() completed
+        self._watch = None  # a passive rank in join(): its check on the active ranks' end
         self._closed = False
         self._join_world(start=False)
         rt.uneven_steps.add(self)  # an exchange never waits for a passive rank's step
-        rt.join_hooks.append(self.leave)
+        self._lockstep_watch = LockstepWatch(rt, mode.value)
+        rt.join_hooks.append(self._start_leaving)
+        rt.joined_hooks.append(self._end_leaving)
+        rt.join_poll_hooks.append(self._watch_actives)
         rt.abandon_hooks.append(self._abandon_world)
         rt.rebuild_hooks.append(self._new_world)
         rt.at_shutdown(self.close)
@@ -209,6 +214,7 @@ class AdpsgdOptimizer(WrappedOptimizer):
             self._exchange()
         self._end_step()
         self.replicas.stepped()
+        self._lockstep_watch.stepped()
         return result
 
     def _exchange(self) -> None:
@@ -266,6 +272,11 @@ class AdpsgdOptimizer(WrappedOptimizer):
         """Stop training on this rank. An active rank tells the passive ranks; a passive
         rank answers until every active rank has ended (see the class contract). After
         ranks died, ``join()`` calls it again, to leave the survivors' world too."""
+        self._start_leaving()
+        self._end_leaving()
+
+    def _start_leaving(self) -> None:
+        """``join()``'s first half: an active rank tells the passive ranks it has ended."""
         rt = self._runtime
         if self._left_generation == rt.generation:
             return
@@ -273,7 +284,24 @@ class AdpsgdOptimizer(WrappedOptimizer):
         if self.active:
             finish(self._comm, rt.rank, self._passives, self.exchanges, rt.config.timeout_s,
                    rt.config.stall_warning_s, self._doorbell)
-        else:
+            self._left_generation = rt.generation
+        else:  # the join's rounds watch the active ranks as the end's wait would
+            self._responder.start()
+            self._watch = self._responder.watch()
+
+    def _watch_actives(self) -> None:
+        if self._watch is not None:
+            self._watch()
+
+    def _end_leaving(self) -> None:
+        """``join()``'s second half, once every rank has joined: a passive rank waits until
+        its responder has answered every active rank's end (each active told it before
+        joining, so this wait is short)."""
+        rt = self._runtime
+        if self._left_generation == rt.generation:
+            return
+        self._watch = None
+        if not self.active:
             self._responder.wait()
         self._left_generation = rt.generation
 
@@ -293,8 +321,11 @@ class AdpsgdOptimizer(WrappedOptimizer):
                 self._doorbell.close()
             self._comm.Free()
             self.replicas.close()
+            self._lockstep_watch.close()
             rt.uneven_steps.discard(self)
-            for hooks, hook in ((rt.join_hooks, self.leave),
+            for hooks, hook in ((rt.join_hooks, self._start_leaving),
+                                (rt.joined_hooks, self._end_leaving),
+                                (rt.join_poll_hooks, self._watch_actives),
                                 (rt.abandon_hooks, self._abandon_world),
                                 (rt.rebuild_hooks, self._new_world)):
                 if hook in hooks:

@@ -19,6 +19,7 @@ from ripples.ops.partial import grouped_partial_allreduce_
 from ripples.schedule import Schedule, make_schedule
 from ripples.schedule.resume import check_resume
 from ripples.torch.flat_parameters import FlatParameters
+from ripples.torch.lockstep_watch import LockstepWatch
 from ripples.torch.optimizer_base import WrappedOptimizer
 from ripples.torch.ownership import record
 from ripples.torch.replicas import ReplicaCheck
@@ -156,6 +157,8 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self._left = False
         self._closed = False
         rt = self._runtime
+        # Only where ranks may run at their own pace is a lockstep collective a loss.
+        self._lockstep_watch = None if schedule.lockstep else LockstepWatch(rt, mode.value)
         if not schedule.lockstep:
             rt.uneven_steps.add(self)
         rt.join_hooks.append(self.leave)
@@ -184,6 +187,8 @@ class DecentralizedOptimizer(WrappedOptimizer):
             self._syncs += 1
         self._end_step()
         self.replicas.stepped()
+        if self._lockstep_watch is not None:
+            self._lockstep_watch.stepped()
         return result
 
     def _sync(self) -> None:
@@ -308,6 +313,8 @@ class DecentralizedOptimizer(WrappedOptimizer):
         self.leave()
         self.schedule.close()
         self.replicas.close()
+        if self._lockstep_watch is not None:
+            self._lockstep_watch.close()
         rt = self._runtime
         rt.uneven_steps.discard(self)
         rt.join_hooks.remove(self.leave)
