@@ -20,6 +20,12 @@ batch 16), as:
   row: no row's communication overlaps the emulated compute (ripples waits for its
   buckets when backward ends, as DDP does, and pads in ``step()``).
 
+``--script metrics-every-batch`` runs ``examples/metrics_every_batch.py`` instead (the shape
+of Horovod's ImageNet example: metrics all-reduced every batch), in the modes
+``allreduce``, ``ripples`` and ``adpsgd`` (the script as written) and ``ripples-epoch-metrics``,
+``adpsgd-epoch-metrics`` (its ``--metrics epoch``: metrics all-reduced once per epoch);
+ratios are to that script's ``allreduce``.
+
 Scenarios: ``homogeneous``; ``one-slow`` (the last rank 4x slower); ``random-slow`` (each
 step, each rank 5x slower with probability 0.1). Compute is EMULATED: every step is padded
 to ``--compute-ms`` by sleeping (ripples' ``RIPPLES_COMPUTE_MS``), so that ranks sharing
@@ -51,6 +57,11 @@ from harness import launch, report, stats
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ["allreduce", "ripples-dropin", "ripples", "adpsgd", "ddp", "horovod"]
+SCRIPT_MODES = {
+    "epochs": MODES,
+    "metrics-every-batch": ["allreduce", "ripples", "ripples-epoch-metrics", "adpsgd",
+                            "adpsgd-epoch-metrics"],
+}
 # The Horovod script's own lines where the horovod row pads its emulated compute.
 HOROVOD_PADDING = [
     ("hvd.init()\n", "hvd.init()\n"
@@ -92,9 +103,16 @@ def _replace_once(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def write_scripts(directory: Path) -> dict:
-    """The command line (after ``python``) of every mode; variants written into
-    ``directory``."""
+def write_scripts(directory: Path, script: str = "epochs") -> dict:
+    """The command line (after ``python``) of every mode of ``script``; variants written
+    into ``directory``."""
+    if script == "metrics-every-batch":
+        example = str(ROOT / "examples" / "metrics_every_batch.py")
+        return {"allreduce": [example, "--sync", "allreduce"],
+                "ripples": [example, "--sync", "ripples"],
+                "ripples-epoch-metrics": [example, "--sync", "ripples", "--metrics", "epoch"],
+                "adpsgd": [example, "--sync", "adpsgd"],
+                "adpsgd-epoch-metrics": [example, "--sync", "adpsgd", "--metrics", "epoch"]}
     horovod = (ROOT / "examples" / "epochs_horovod.py").read_text()
     allreduce = _replace_once(horovod, "import horovod.torch as hvd", "import ripples.torch as hvd")
     dropin = _replace_once(allreduce, "tud.distributed.DistributedSampler(",
@@ -172,24 +190,29 @@ def main(argv=None) -> int:
     parser.add_argument("--compute-ms", type=float, default=20.0, help="emulated compute per step")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated, of {MODES}; allreduce always runs")
+    parser.add_argument("--script", default="epochs", choices=sorted(SCRIPT_MODES),
+                        help="the porting guide's epoch scripts, or metrics_every_batch.py")
+    parser.add_argument("--modes", default=None,
+                        help="comma-separated, of the script's modes (default: all; "
+                             f"{SCRIPT_MODES}); allreduce always runs")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
     parser.add_argument("--json", help="write all results here")
     parser.add_argument("--netcluster", action="store_true",
                         help="run on the emulated cluster of 'netcluster up' (from h1)")
     args = parser.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
-    modes = [m for m in MODES if m in args.modes.split(",") or m == "allreduce"]
-    wrong = [s for s in scenarios if s not in SCENARIOS] + [
-        m for m in args.modes.split(",") if m and m not in MODES]
+    known = SCRIPT_MODES[args.script]
+    asked = known if args.modes is None else [m for m in args.modes.split(",") if m]
+    modes = [m for m in known if m in asked or m == "allreduce"]
+    wrong = [s for s in scenarios if s not in SCENARIOS] + [m for m in asked if m not in known]
     if wrong:
-        parser.error(f"unknown {wrong}; scenarios: {list(SCENARIOS)}, modes: {MODES}")
+        parser.error(f"unknown {wrong}; scenarios: {list(SCENARIOS)}, modes: {known}")
     if "horovod" in modes and importlib.util.find_spec("horovod") is None:
         modes.remove("horovod")
         print("horovod: not installed, row left out (bash benchmarks/install_horovod.sh)",
               flush=True)
-    print(f"epoch-loop benchmark: {args.np} ranks on {os.cpu_count()} cores, {args.epochs} "
+    print(f"epoch-loop benchmark ({args.script}): {args.np} ranks on {os.cpu_count()} cores, "
+          f"{args.epochs} "
           f"epochs, compute EMULATED ({args.compute_ms:g} ms/step), {args.repeats} interleaved "
           f"repeats, {time.strftime('%Y-%m-%d')}", flush=True)
     result = {"compute": "emulated", "args": vars(args), "scenarios": {}}
@@ -197,7 +220,7 @@ def main(argv=None) -> int:
         result["cluster"] = launch.cluster_status()
         print(result["cluster"], flush=True)
     with tempfile.TemporaryDirectory() as scratch:
-        commands = write_scripts(Path(scratch))
+        commands = write_scripts(Path(scratch), args.script)
         for scenario in scenarios:
             runs = {mode: [] for mode in modes}
             for repeat in range(args.repeats):
