@@ -1,6 +1,7 @@
 """Run under mpiexec (1, 2 and 4 ranks): ripples.torch.DistributedSampler hands out every
 index exactly once per epoch across ranks, by speed, through real DataLoaders; it is torch's
-sampler where steps must stay even; bad input gets a clear error on every rank."""
+sampler where steps must stay even; bad input gets a clear error on every rank; a rank
+stalled mid-epoch holds the others back only under all-reduce."""
 import time
 import warnings
 
@@ -183,3 +184,48 @@ def test_a_metric_all_reduced_every_batch_pairs_up_when_the_loop_ends_with_a_joi
             assert seen[most] == (n, sum(counts)), (epoch, counts, seen)
     finally:
         opt.close()
+
+
+STALL_S = 2.0  # a data-loading stall, a slow checkpoint write: one rank out of the loop
+
+
+@pytest.mark.parametrize("sync", ["allreduce", "ripples", "adpsgd"])
+def test_a_rank_stalled_mid_epoch_holds_the_others_back_only_under_all_reduce(sync):
+    # All-reduce waits for the stalled rank at its next step; the decentralized modes go
+    # on without it (the Group Generator does not wait for an overdue rank, an AD-PSGD
+    # passive's responder answers while its loop sleeps). The same measurement under
+    # all-reduce, where it must see no step, shows that it can see a wait.
+    if SIZE < 3:
+        pytest.skip("needs 3 or more ranks: it runs in the 4-rank job")
+    n = 1000
+    model = torch.nn.Linear(1, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(), sync=sync)
+    sampler = hvd.DistributedSampler(dataset(n), seed=3, batch_size=4)
+    loader = tud.DataLoader(dataset(n), batch_size=4, sampler=sampler)
+    stamps, stall = [], None
+    try:
+        sampler.set_epoch(0)
+        for step, (batch,) in enumerate(loader):
+            if RANK == SLOW and step == 5:
+                began = time.monotonic()
+                time.sleep(STALL_S)
+                stall = (began, time.monotonic())
+            opt.zero_grad()
+            model(batch.float().unsqueeze(1) / n).pow(2).mean().backward()
+            opt.step()
+            stamps.append(time.monotonic())  # one host: every rank reads the same clock
+            time.sleep(0.005)
+        if sync != "allreduce":
+            hvd.average_model(model)
+        seen = hvd.allgather_object((stamps, stall))
+    finally:
+        opt.close()
+    began, ended = seen[SLOW][1]
+    inside = (began + 0.3, ended - 0.3)  # clear of the steps in flight when it stalled
+    during = {rank: sum(inside[0] < t < inside[1] for t in rank_stamps)
+              for rank, (rank_stamps, _) in enumerate(seen) if rank != SLOW}
+    if sync == "allreduce":
+        assert set(during.values()) == {0}, during
+    else:
+        assert min(during.values()) >= 10, during
