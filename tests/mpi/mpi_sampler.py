@@ -145,6 +145,17 @@ def test_bad_arguments_raise_on_every_rank_naming_them():
             hvd.DistributedSampler(dataset(10), seed=9 if RANK == 1 else 0)
 
 
+def shared_epoch_training(n, sync, seed):
+    """A one-weight model under ``sync`` and a shared epoch of ``n`` samples in batches of
+    4: ``(model, optimizer, sampler, loader)``."""
+    model = torch.nn.Linear(1, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(), sync=sync)
+    sampler = hvd.DistributedSampler(dataset(n), seed=seed, batch_size=4)
+    loader = tud.DataLoader(dataset(n), batch_size=4, sampler=sampler)
+    return model, opt, sampler, loader
+
+
 @pytest.mark.parametrize("sync", ["ripples", "adpsgd"])
 @pytest.mark.parametrize("end", ["average_model", "join"])
 def test_a_metric_all_reduced_every_batch_pairs_up_when_the_loop_ends_with_a_join(end, sync):
@@ -152,11 +163,7 @@ def test_a_metric_all_reduced_every_batch_pairs_up_when_the_loop_ends_with_a_joi
     # the ranks take different numbers of steps, so a rank done early must take part in
     # the others' last all-reduces.
     n = 203
-    model = torch.nn.Linear(1, 1)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters(), sync=sync)
-    sampler = hvd.DistributedSampler(dataset(n), seed=2, batch_size=4)
-    loader = tud.DataLoader(dataset(n), batch_size=4, sampler=sampler)
+    model, opt, sampler, loader = shared_epoch_training(n, sync, seed=2)
     try:
         for epoch in range(2):
             sampler.set_epoch(epoch)
@@ -198,11 +205,7 @@ def test_a_rank_stalled_mid_epoch_holds_the_others_back_only_under_all_reduce(sy
     if SIZE < 3:
         pytest.skip("needs 3 or more ranks: it runs in the 4-rank job")
     n = 1000
-    model = torch.nn.Linear(1, 1)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters(), sync=sync)
-    sampler = hvd.DistributedSampler(dataset(n), seed=3, batch_size=4)
-    loader = tud.DataLoader(dataset(n), batch_size=4, sampler=sampler)
+    model, opt, sampler, loader = shared_epoch_training(n, sync, seed=3)
     stamps, stall = [], None
     try:
         sampler.set_epoch(0)
