@@ -299,3 +299,45 @@ def test_full_size_killed_rank_is_named_within_30_s():
     assert sorted(r for r, _, _ in errors) == ["0", "2"], result.stdout
     for _, seconds, message in errors:
         assert float(seconds) <= 30 and "[1]" in message and "likely died" in message, message
+
+
+def test_the_stack_is_read_from_the_dump_of_the_main_thread_only():
+    from ripples.comm.stack_watch import Place, _parse_thread
+
+    dump = ('Thread 0x00007f0000000002 (most recent call first):\n'
+            '  File "/x/worker.py", line 7 in loop\n'
+            '\n'
+            'Current thread 0x00007f0000000001 (most recent call first):\n'
+            '  File "/x/train.py", line 12 in step\n'
+            '  File "<frozen importlib._bootstrap>", line ??? in _load\n'
+            '  File "/x/train.py", line 30 in <module>\n'
+            '\n'
+            'Thread 0x00007f0000000003 (most recent call first):\n'
+            '  File "/x/other.py", line 1 in run\n')
+    assert _parse_thread(dump, 0x7f0000000001) == (
+        Place("/x/train.py", 12, "step"), Place("<frozen importlib._bootstrap>", 0, "_load"),
+        Place("/x/train.py", 30, "<module>"))
+    assert _parse_thread(dump, 0x7f0000000002) == (Place("/x/worker.py", 7, "loop"),)
+    assert _parse_thread(dump, 0x1234) == ()
+
+
+def test_another_thread_reads_the_main_threads_stack_by_name():
+    import threading
+
+    from ripples.comm.stack_watch import main_thread_stack
+
+    release, seen = threading.Event(), []
+
+    def look():
+        seen.append(main_thread_stack())
+        release.set()
+
+    def waiting_in_a_named_function():
+        threading.Thread(target=look).start()
+        release.wait()
+
+    waiting_in_a_named_function()
+    functions = [place.function for place in seen[0]]
+    assert "waiting_in_a_named_function" in functions, seen
+    assert functions.index("wait") < functions.index("waiting_in_a_named_function")
+    assert all(place.filename and place.line > 0 for place in seen[0][:3]), seen

@@ -47,11 +47,10 @@ if mode == "ps" and world_rank == victim == 0 and failure != "none":
     # init()); its failing before init() is the init() arrival bound's case (a minute).
     import threading
 
+    from ripples.comm.stack_watch import main_thread_stack
+
     def serving():
-        frame = sys._current_frames().get(threading.main_thread().ident)
-        while frame is not None and frame.f_code.co_name != "serve":
-            frame = frame.f_back
-        return frame is not None
+        return any(place.function == "serve" for place in main_thread_stack())
 
     decided, deciding = [], threading.Lock()
 
