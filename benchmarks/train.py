@@ -106,6 +106,7 @@ def worker(args) -> None:
             "wait_share": sum(result.wait_s) / (len(result.wait_s) * result.wall_s),
             "mean_group_size": result.mean_group_size or None,  # None: no groups recorded
             "groups_by_size": {str(k): v for k, v in result.groups_by_size.items()},
+            "request_cost_ms": result.request_cost_ms,
         })
         if hvd.rank() == 0:
             print(f"  {args.scenario}: {result.mode} done", file=sys.stderr, flush=True)

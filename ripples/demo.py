@@ -109,6 +109,9 @@ class ModeResult:
     curve: List[Tuple[float, float]] = field(default_factory=list)  # rank 0: (seconds, accuracy)
     # collectives (P-Reduces, exchanges, all-reduces) by their number of members, each once
     groups_by_size: Dict[int, float] = field(default_factory=dict)
+    # per rank, of the Group Generator's requests: (median, 90th percentile) of the time each
+    # took beyond the generator's wait for a group, in ms, and their number; None: no requests
+    request_cost_ms: List[Optional[Tuple[float, float, int]]] = field(default_factory=list)
 
     @property
     def mean_group_size(self) -> float:
@@ -166,9 +169,10 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
     distance = hvd.consensus_distance(model)
     hvd.average_model(model)
     stats = hvd.allgather_object((step, optimizer.metrics.wait_s, local_accuracy,
-                                  dict(optimizer.metrics.groups_by_size)))
+                                  dict(optimizer.metrics.groups_by_size),
+                                  _request_cost_ms(optimizer)))
     memberships = collections.Counter()  # every member of a group counts it
-    for *_, by_size in stats:
+    for *_, by_size, _ in stats:
         memberships.update(by_size)
     return ModeResult(
         mode=sync if schedule is None else f"{sync}/{schedule}", wall_s=wall,
@@ -176,7 +180,16 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
         wait_s=[s[1] for s in stats], time_to_target_s=time_to_target,
         averaged_accuracy=accuracy(model, data.x_test, data.y_test),
         worst_accuracy=min(s[2] for s in stats), consensus_distance=distance, curve=curve,
-        groups_by_size={k: n / k for k, n in sorted(memberships.items())})
+        groups_by_size={k: n / k for k, n in sorted(memberships.items())},
+        request_cost_ms=[s[4] for s in stats])
+
+
+def _request_cost_ms(optimizer) -> Optional[Tuple[float, float, int]]:
+    costs = getattr(getattr(optimizer, "schedule", None), "request_costs", lambda: [])()
+    if not costs:
+        return None
+    median, p90 = np.percentile(np.asarray(costs) * 1e3, [50, 90])
+    return float(median), float(p90), len(costs)
 
 
 def _time_is_up(elapsed: float, seconds: float, step: int, together: bool) -> bool:

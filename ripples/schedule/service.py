@@ -56,6 +56,7 @@ from .generator import GroupGenerator
 from .generator_checkpoint import generator_state, restore_generator_state
 
 MAX_NAP_S = 5e-4
+REQUEST_TIMES_KEPT = 100_000
 IDLE_AFTER_S = 1.0
 MAX_IDLE_NAP_S = 1e-2
 BELL_GRACE_S = 2e-3  # polling after a ring: its MPI message may still be on the way
@@ -95,6 +96,7 @@ class GeneratorService:
         self._stop = threading.Event()
         self._sends: list = []
         self._request_ids: dict = {}  # worker -> id of its outstanding "groups" request
+        self._arrived: dict = {}  # worker -> when its outstanding "groups" request came
         # No division runs before rank 0 restored a checkpoint or sent its first request:
         # a resumed run's groups must come from the restored generator whichever rank asks
         # first, and rank 0 loads a checkpoint before its first step in any script order.
@@ -150,7 +152,9 @@ class GeneratorService:
                         self._poll_due = False
                         answers = self.generator.poll()
                         for worker, pairs in answers.items():
-                            self._send(worker, ("ok", pairs, self._request_ids.pop(worker)))
+                            held_s = now - self._arrived.pop(worker, now)
+                            self._send(worker, ("ok", pairs, self._request_ids.pop(worker),
+                                                held_s))
                         deadline = self.generator.next_deadline()
                 if received or answers:
                     self.last_activity = now
@@ -204,6 +208,7 @@ class GeneratorService:
             if op == "groups":
                 self.generator.request(rank)  # answered by poll()
                 self._request_ids[rank] = request_id
+                self._arrived[rank] = time.monotonic()
             elif op == "away":  # no answer: the client does not wait for one
                 self.generator.away(rank)
             elif op == "back":  # after a join every rank completed; no answer either
@@ -212,11 +217,12 @@ class GeneratorService:
                 if op == "close":
                     self.closed.add(rank)
                 self._request_ids.pop(rank, None)
-                self._send(rank, ("ok", self.generator.leave(rank), request_id))
+                self._arrived.pop(rank, None)
+                self._send(rank, ("ok", self.generator.leave(rank), request_id, 0.0))
             else:
                 raise ValueError(f"unknown request {op!r}")
         except ValueError as exc:
-            self._send(rank, ("error", str(exc), request_id))
+            self._send(rank, ("error", str(exc), request_id, 0.0))
         return True
 
     def _send(self, rank: int, message) -> None:
@@ -263,6 +269,9 @@ class GeneratorSchedule(Schedule):
         self._away = False  # told the generator it left the training step
         self._sends: list = []  # "away" notices still being sent
         self._request_id = 0
+        # (round trip, of which the generator held the request) of each "groups" request,
+        # the most recent REQUEST_TIMES_KEPT: the rest is the service's cost (request_costs)
+        self.request_times: collections.deque = collections.deque(maxlen=REQUEST_TIMES_KEPT)
         self._closed = False
         self._service: Optional[GeneratorService] = None
         self._ranks_per_node = generator_options.get("ranks_per_node")
@@ -290,7 +299,10 @@ class GeneratorSchedule(Schedule):
     def groups_for_step(self, step: int) -> List[Assignment]:
         self._check_step(step)
         if not self._held:
-            self._held.extend(self._call("groups"))
+            asked = time.perf_counter()
+            groups, held_s = self._call("groups")
+            self.request_times.append((time.perf_counter() - asked, held_s))
+            self._held.extend(groups)
         return [self._held.popleft()]
 
     def away(self) -> None:
@@ -322,7 +334,7 @@ class GeneratorSchedule(Schedule):
     def leave(self) -> List[Assignment]:
         if self._left:
             return []
-        remaining = list(self._held) + self._call("leave")
+        remaining = list(self._held) + self._call("leave")[0]
         self._held.clear()
         self._left = True
         return remaining
@@ -333,7 +345,7 @@ class GeneratorSchedule(Schedule):
         never executed (call ``leave()`` and execute them before ``close()``)."""
         if self._closed:
             return
-        unexecuted = list(self._held) + self._call("close")
+        unexecuted = list(self._held) + self._call("close")[0]
         self._held.clear()
         self._closed = self._left = True
         try:
@@ -400,10 +412,16 @@ class GeneratorSchedule(Schedule):
         except BaseException:
             outbox.keep_until_complete(send)  # may still be in flight to a late service
             raise
-        status, payload, _ = answer[0]
+        status, payload, _, held_s = answer[0]
         if status != "ok":
             raise RipplesError(f"group generator refused {op!r} from rank {self.rank}: {payload}")
-        return payload
+        return payload, held_s
+
+    def request_costs(self) -> List[float]:
+        """Seconds each kept "groups" request took beyond the time the generator held it
+        waiting for a group: the two messages, the service thread's wake-up and the
+        client's polling (what the simulator's ``service_s`` stands for)."""
+        return [round_trip - held for round_trip, held in self.request_times]
 
     def _raise_service_error(self) -> None:
         if self._service is not None and self._service.error is not None:

@@ -137,6 +137,29 @@ def test_service_answers_after_idle_and_at_a_deadline_with_no_other_message():
     comm.Free()
 
 
+def test_a_requests_cost_leaves_out_the_time_the_generator_held_it_for_company():
+    """Rank 0 asks alone: the generator holds its request for company until its window
+    (``first_wait_s``) ends, and ``request_costs`` counts only what it cost beyond that."""
+    from ripples.schedule.service import GeneratorSchedule
+
+    comm = WORLD.Dup()
+    sched = GeneratorSchedule(comm, group_size=2, policy="ready", timeout_s=20.0,
+                              first_wait_s=0.3)
+    WORLD.Barrier()
+    if RANK == 0:
+        assert sched.groups_for_step(0) == [(0, (0,))]
+        (round_trip, held), = sched.request_times
+        (cost,) = sched.request_costs()
+        assert round_trip >= 0.25 and held >= 0.25, (round_trip, held)
+        assert 0.0 <= cost < 0.1 and cost == round_trip - held, (round_trip, held)
+    else:
+        assert sched.request_costs() == []  # asked nothing
+    WORLD.Barrier()
+    assert sched.leave() == []
+    sched.close()
+    comm.Free()
+
+
 def test_an_idle_service_sleeps_on_its_doorbell_and_wakes_for_a_request():
     from ripples.comm.doorbell import MAX_WAIT_S
 
