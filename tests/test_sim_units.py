@@ -297,6 +297,26 @@ def test_a_generator_request_pays_the_service_latency_once():
         Network(service_s=-1.0)
 
 
+def test_a_spread_service_cost_has_the_given_median_and_the_lognormal_mean():
+    from ripples.sim.engine import _Run
+
+    def costs(jitter, seed=0, draws=20_000):
+        net = Network(workers_per_node=8, service_s=0.05, service_jitter=jitter)
+        run = _Run(Scenario("generator", 8, Compute(0.1), network=net, problem=SMALL,
+                            seed=seed), None)
+        return np.array([run.service_cost() for _ in range(draws)])
+
+    spread = costs(1.0)
+    assert np.median(spread) == pytest.approx(0.05, rel=0.03)
+    assert spread.mean() == pytest.approx(0.05 * math.exp(0.5), rel=0.04)
+    assert np.percentile(spread, 90) == pytest.approx(0.05 * math.exp(1.2816), rel=0.05)
+    assert np.array_equal(costs(1.0, draws=100), costs(1.0, draws=100))  # from the seed
+    assert not np.array_equal(costs(1.0, seed=1, draws=100), costs(1.0, draws=100))
+    assert set(costs(0.0, draws=100)) == {0.05}
+    with pytest.raises(ValueError, match="service_jitter"):
+        Network(service_jitter=-0.1)
+
+
 def test_an_exchange_pays_its_own_overhead_not_a_collectives():
     # an AD-PSGD exchange is point-to-point, outside the engine a collective's overhead is for
     net = Network(workers_per_node=2, intra=Link(0.0, 1e9), overhead_s=5.0,

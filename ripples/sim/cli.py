@@ -111,7 +111,10 @@ all-reduce reaches after --target-steps synchronous steps. Example:
                    help="fixed software cost of every collective (default 0)")
     g.add_argument("--service-latency-us", type=float,
                    help="software cost of one request to the Group Generator service beyond "
-                        "its two messages (default 0)")
+                        "its two messages (default 0; with --service-jitter, the median)")
+    g.add_argument("--service-jitter", type=float, default=0.0,
+                   help="spread of each request's cost: service latency x exp(J z), z "
+                        "standard normal (default 0: every request costs the same)")
     g.add_argument("--exchange-overhead-us", type=float,
                    help="software cost of one asynchronous AD-PSGD exchange beyond its two "
                         "messages (default 0)")
@@ -192,7 +195,7 @@ def scenario_from_args(args) -> tuple:
         intra=Link(values["intra_latency_us"] * 1e-6, values["intra_gbps"] * 1e9 / 8),
         inter=Link(values["inter_latency_us"] * 1e-6, values["inter_gbps"] * 1e9 / 8),
         algorithm=args.algorithm, overhead_s=values["collective_overhead_us"] * 1e-6,
-        service_s=values["service_latency_us"] * 1e-6,
+        service_s=values["service_latency_us"] * 1e-6, service_jitter=args.service_jitter,
         exchange_overhead_s=values["exchange_overhead_us"] * 1e-6,
         inter_pair_Bps=None if args.inter_pair_gbps is None else args.inter_pair_gbps * 1e9 / 8,
         link_sharing=args.link_sharing)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import collections
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
+
 from ..schedule.adpsgd import adpsgd_partner, is_active
 from ..schedule.base import Assignment
 from .loop import DeadlockError, EventLoop, RunResult  # noqa: F401 (DeadlockError: re-exported)
@@ -26,6 +28,7 @@ from .ps_eager import EagerRun
 from .ps_tasks import TaskRun
 from .scenario import LOCKSTEP_MODES, PS_MODES, Scenario
 from .sources import PerStep, make_generator
+from .workers import Blocks
 
 REQUEST_BYTES = 64  # a pickled (op, rank, id) request or a small answer
 
@@ -62,6 +65,7 @@ class _Run(EventLoop):
         self.arrived: Dict[int, int] = collections.defaultdict(int)
         self.at_barrier: Dict[int, int] = collections.defaultdict(int)
         self.wake_at = None
+        self._service_spread = Blocks(np.random.default_rng([s.seed, 13]).standard_normal)
 
     def start(self) -> None:
         for w in range(self.s.workers):
@@ -102,11 +106,19 @@ class _Run(EventLoop):
             self.todo[w].append(self.held[w].popleft())
             self.proceed(w)
         else:
-            delay = self.s.network.message_s(REQUEST_BYTES, w, 0) + self.s.network.service_s
+            delay = self.s.network.message_s(REQUEST_BYTES, w, 0) + self.service_cost()
             if delay > 0:
                 self.push(self.clock.now + delay, "request", w)
             else:
                 self.request_arrives(w)
+
+    def service_cost(self) -> float:
+        """One request's software cost at the Group Generator service (``Network``)."""
+        network = self.s.network
+        if not network.service_jitter:
+            return network.service_s
+        return network.service_s * float(np.exp(network.service_jitter *
+                                                self._service_spread.next()))
 
     def proceed(self, w: int) -> None:
         """Arrive at the next group of this step, or start the next step."""

@@ -111,8 +111,8 @@ class SpeedSampler:
         else:
             self.expected = fixed.copy()
         self.expected *= np.exp(speed.jitter ** 2 / 2)  # the mean of the lognormal spread
-        self._draws = _Blocks(self._rng.random)
-        self._spread = _Blocks(np.random.default_rng([seed, 11]).standard_normal)
+        self._draws = Blocks(self._rng.random)
+        self._spread = Blocks(np.random.default_rng([seed, 11]).standard_normal)
 
     def factor(self, worker: int) -> float:
         """The factor of ``worker``'s next step."""
@@ -125,7 +125,7 @@ class SpeedSampler:
         return factor
 
 
-class _Blocks:
+class Blocks:
     """Numbers from ``draw(size)``, drawn 4,096 at a time (one numpy call per block)."""
 
     def __init__(self, draw):
