@@ -56,7 +56,7 @@ from .generator import GroupGenerator
 from .generator_checkpoint import generator_state, restore_generator_state
 
 MAX_NAP_S = 5e-4
-REQUEST_TIMES_KEPT = 100_000
+REQUEST_TIMES_KEPT = 10_000  # about 1 MB: minutes of requests, for their statistics
 IDLE_AFTER_S = 1.0
 MAX_IDLE_NAP_S = 1e-2
 BELL_GRACE_S = 2e-3  # polling after a ring: its MPI message may still be on the way
