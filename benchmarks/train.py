@@ -107,6 +107,7 @@ def worker(args) -> None:
             "mean_group_size": result.mean_group_size or None,  # None: no groups recorded
             "groups_by_size": {str(k): v for k, v in result.groups_by_size.items()},
             "request_cost_ms": result.request_cost_ms,
+            "division_reasons": result.division_reasons,  # rank 0's generator
         })
         if hvd.rank() == 0:
             print(f"  {args.scenario}: {result.mode} done", file=sys.stderr, flush=True)

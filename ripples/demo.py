@@ -112,6 +112,8 @@ class ModeResult:
     # per rank, of the Group Generator's requests: (median, 90th percentile) of the time each
     # took beyond the generator's wait for a group, in ms, and their number; None: no requests
     request_cost_ms: List[Optional[Tuple[float, float, int]]] = field(default_factory=list)
+    # the Group Generator's divisions by why they ran: (divisions, ready workers divided)
+    division_reasons: Dict[str, Tuple[int, int]] = field(default_factory=dict)
 
     @property
     def mean_group_size(self) -> float:
@@ -181,7 +183,9 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
         averaged_accuracy=accuracy(model, data.x_test, data.y_test),
         worst_accuracy=min(s[2] for s in stats), consensus_distance=distance, curve=curve,
         groups_by_size={k: n / k for k, n in sorted(memberships.items())},
-        request_cost_ms=[s[4] for s in stats])
+        request_cost_ms=[s[4] for s in stats],
+        division_reasons=getattr(getattr(optimizer, "schedule", None), "division_reasons",
+                                 dict)())
 
 
 def _request_cost_ms(optimizer) -> Optional[Tuple[float, float, int]]:

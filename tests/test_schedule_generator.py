@@ -425,3 +425,34 @@ def test_a_restored_generator_knows_the_speeds_and_refuses_another_size():
     assert [fresh.speed_estimate(w) for w in range(4)] == pytest.approx([0.1, 0.1, 0.1, 0.4])
     with pytest.raises(ValueError, match="checkpoint is of 4 workers, this generator has 5"):
         restore_generator_state(GroupGenerator(5, 2, seed=0), generator_state(gen))
+
+
+def test_every_division_counts_why_it_ran_and_how_many_ready_workers_it_divided():
+    now = [0.0]
+    gen = GroupGenerator(4, 2, seed=0, policy="ready", first_wait_s=0.2, clock=lambda: now[0])
+    for w in range(4):
+        gen.request(w)
+    assert sorted(gen.poll()) == [0, 1, 2, 3]  # nobody else to wait for
+    now[0] = 1.0  # every worker asks again: each one's interval is now known (1 s)
+    for w in range(4):
+        gen.request(w)
+    gen.poll()
+    now[0] = 1.1  # worker 0 alone; the others are expected at 2.0, after its window (1.2)
+    gen.request(0)
+    assert list(gen.poll()) == [0]
+    assert gen.division_reasons == {"everyone ready": 2, "nobody expected sooner": 1}
+    assert gen.divided_by_reason == {"everyone ready": 8, "nobody expected sooner": 1}
+
+    lone = GroupGenerator(4, 2, seed=0, policy="ready", first_wait_s=0.2,
+                          clock=lambda: now[0])
+    now[0] = 0.0
+    lone.request(3)  # the others' speed is unknown: they may come at any moment
+    assert lone.poll() == {}
+    now[0] = 0.25
+    assert list(lone.poll()) == [3]
+    assert lone.division_reasons == {"window ended": 1}
+
+    every = GroupGenerator(4, 2, seed=0, policy="all", clock=lambda: now[0])
+    every.request(1)
+    every.poll()
+    assert every.division_reasons == {"all": 1} and every.divided_by_reason == {"all": 1}

@@ -69,6 +69,9 @@ from .base import (POLICIES, Assignment, Group, check_choice, check_group_size, 
 # else (evaluation, a checkpoint, a collective of the script): 1 would call every step a
 # little slower than average overdue; at 2 a step must take twice the usual time.
 OVERDUE_INTERVALS = 2.0
+# Why a division ran: policy "all"; every present worker was ready; a ready worker's window
+# ended; no other worker was expected before the earliest window ends.
+DIVISION_REASONS = ("all", "everyone ready", "window ended", "nobody expected sooner")
 
 
 @dataclasses.dataclass
@@ -186,6 +189,9 @@ class GroupGenerator:
         self._workers = [_Worker() for _ in range(size)]
         self._next_seq = 0
         self.divisions = 0
+        # Why the divisions ran (DIVISION_REASONS), and how many ready workers they divided
+        self.division_reasons: collections.Counter = collections.Counter()
+        self.divided_by_reason: collections.Counter = collections.Counter()
         # Every structure below is kept up to date event by event, so a request costs O(k)
         # (plus O(log P) heap work), never a scan of all P workers: at 1,024 workers asking
         # every 100 ms a scan per request is P^2 = 10^7 visits a second.
@@ -298,8 +304,13 @@ class GroupGenerator:
 
     def poll(self) -> Dict[int, List[Assignment]]:
         """Run the divisions that are due and return the answers to outstanding requests."""
-        if self._ready and (self.policy == "all" or self._should_divide()):
+        reason = None
+        if self._ready:
+            reason = "all" if self.policy == "all" else self._division_reason()
+        if reason is not None:
             members = self.active if self.policy == "all" else sorted(self._ready)
+            self.division_reasons[reason] += 1
+            self.divided_by_reason[reason] += len(self._ready)
             for _ in range(self.batch):
                 self._divide(members)
             for w in self._ready:
@@ -389,15 +400,19 @@ class GroupGenerator:
             return -math.inf  # unknown speed: assume it is about to ask
         return state.last_request + state.interval_ema
 
-    def _should_divide(self) -> bool:
+    def _division_reason(self) -> Optional[str]:
+        """Why the ready workers should be divided now (one of ``DIVISION_REASONS``), or
+        None while they should wait."""
         if len(self._ready) == 1 and self._must_have_company(next(iter(self._ready))):
-            return False
+            return None
         if self._present_count == len(self._ready):
-            return True  # nobody else to wait for
+            return "everyone ready"  # nobody else to wait for
         deadline = self._ready_deadline
         if self._clock() >= deadline:
-            return True
-        return self._unknown_others == 0 and self._earliest_other() > deadline
+            return "window ended"
+        if self._unknown_others == 0 and self._earliest_other() > deadline:
+            return "nobody expected sooner"
+        return None
 
     def _divide(self, members: List[int]) -> None:
         if self.ranks_per_node is None:

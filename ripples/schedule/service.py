@@ -417,6 +417,15 @@ class GeneratorSchedule(Schedule):
             raise RipplesError(f"group generator refused {op!r} from rank {self.rank}: {payload}")
         return payload, held_s
 
+    def division_reasons(self) -> dict:
+        """On rank 0, which runs the generator, ``{reason: (divisions, ready workers they
+        divided)}`` (``GroupGenerator.division_reasons``); elsewhere empty."""
+        if self._service is None:
+            return {}
+        generator = self._service.generator
+        return {reason: (count, generator.divided_by_reason[reason])
+                for reason, count in generator.division_reasons.items()}
+
     def request_costs(self) -> List[float]:
         """Seconds each kept "groups" request took beyond the time the generator held it
         waiting for a group: the two messages, the service thread's wake-up and the
