@@ -170,9 +170,10 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
     local_accuracy = accuracy(model, data.x_test, data.y_test)
     distance = hvd.consensus_distance(model)
     hvd.average_model(model)
+    ranks_schedule = getattr(optimizer, "schedule", None)  # the Schedule object in use
     stats = hvd.allgather_object((step, optimizer.metrics.wait_s, local_accuracy,
                                   dict(optimizer.metrics.groups_by_size),
-                                  _request_cost_ms(optimizer)))
+                                  _request_cost_ms(ranks_schedule)))
     memberships = collections.Counter()  # every member of a group counts it
     for *_, by_size, _ in stats:
         memberships.update(by_size)
@@ -184,12 +185,11 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
         worst_accuracy=min(s[2] for s in stats), consensus_distance=distance, curve=curve,
         groups_by_size={k: n / k for k, n in sorted(memberships.items())},
         request_cost_ms=[s[4] for s in stats],
-        division_reasons=getattr(getattr(optimizer, "schedule", None), "division_reasons",
-                                 dict)())
+        division_reasons=getattr(ranks_schedule, "division_reasons", dict)())
 
 
-def _request_cost_ms(optimizer) -> Optional[Tuple[float, float, int]]:
-    costs = getattr(getattr(optimizer, "schedule", None), "request_costs", lambda: [])()
+def _request_cost_ms(schedule) -> Optional[Tuple[float, float, int]]:
+    costs = getattr(schedule, "request_costs", list)()
     if not costs:
         return None
     median, p90 = np.percentile(np.asarray(costs) * 1e3, [50, 90])

@@ -68,15 +68,11 @@ class Place(NamedTuple):
     function: str
 
 
-def main_thread_stack(dump_file=None) -> Tuple[Place, ...]:
+def main_thread_stack() -> Tuple[Place, ...]:
     """The main thread's stack, innermost frame first, at most ``MAX_DEPTH`` frames; empty
-    when the main thread has ended. Safe from any thread (see the module's docstring).
-    ``dump_file``: a binary file to reuse for the dump (default: a new anonymous one)."""
-    ident = threading.main_thread().ident
-    if dump_file is None:
-        with tempfile.TemporaryFile() as scratch:
-            return _read_stack(scratch, ident)
-    return _read_stack(dump_file, ident)
+    when the main thread has ended. Safe from any thread (see the module's docstring)."""
+    with tempfile.TemporaryFile() as scratch:
+        return _read_stack(scratch, threading.main_thread().ident)
 
 
 def _read_stack(dump_file, ident: Optional[int]) -> Tuple[Place, ...]:

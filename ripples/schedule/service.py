@@ -95,8 +95,8 @@ class GeneratorService:
         self.last_activity = time.monotonic()
         self._stop = threading.Event()
         self._sends: list = []
-        self._request_ids: dict = {}  # worker -> id of its outstanding "groups" request
-        self._arrived: dict = {}  # worker -> when its outstanding "groups" request came
+        # worker -> (id, arrival time) of its outstanding "groups" request
+        self._outstanding: dict = {}
         # No division runs before rank 0 restored a checkpoint or sent its first request:
         # a resumed run's groups must come from the restored generator whichever rank asks
         # first, and rank 0 loads a checkpoint before its first step in any script order.
@@ -152,9 +152,8 @@ class GeneratorService:
                         self._poll_due = False
                         answers = self.generator.poll()
                         for worker, pairs in answers.items():
-                            held_s = now - self._arrived.pop(worker, now)
-                            self._send(worker, ("ok", pairs, self._request_ids.pop(worker),
-                                                held_s))
+                            request_id, arrived = self._outstanding.pop(worker)
+                            self._send(worker, ("ok", pairs, request_id, now - arrived))
                         deadline = self.generator.next_deadline()
                 if received or answers:
                     self.last_activity = now
@@ -207,8 +206,7 @@ class GeneratorService:
         try:
             if op == "groups":
                 self.generator.request(rank)  # answered by poll()
-                self._request_ids[rank] = request_id
-                self._arrived[rank] = time.monotonic()
+                self._outstanding[rank] = (request_id, time.monotonic())
             elif op == "away":  # no answer: the client does not wait for one
                 self.generator.away(rank)
             elif op == "back":  # after a join every rank completed; no answer either
@@ -216,8 +214,7 @@ class GeneratorService:
             elif op in ("leave", "close"):
                 if op == "close":
                     self.closed.add(rank)
-                self._request_ids.pop(rank, None)
-                self._arrived.pop(rank, None)
+                self._outstanding.pop(rank, None)
                 self._send(rank, ("ok", self.generator.leave(rank), request_id, 0.0))
             else:
                 raise ValueError(f"unknown request {op!r}")
