@@ -108,6 +108,7 @@ def worker(args) -> None:
             "groups_by_size": {str(k): v for k, v in result.groups_by_size.items()},
             "request_cost_ms": result.request_cost_ms,
             "division_reasons": result.division_reasons,  # rank 0's generator
+            "generator_events": result.generator_events,  # rank 0's generator
         })
         if hvd.rank() == 0:
             print(f"  {args.scenario}: {result.mode} done", file=sys.stderr, flush=True)

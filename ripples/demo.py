@@ -114,6 +114,8 @@ class ModeResult:
     request_cost_ms: List[Optional[Tuple[float, float, int]]] = field(default_factory=list)
     # the Group Generator's divisions by why they ran: (divisions, ready workers divided)
     division_reasons: Dict[str, Tuple[int, int]] = field(default_factory=dict)
+    # the Group Generator's latest requests and divisions (GeneratorSchedule.generator_events)
+    generator_events: List[tuple] = field(default_factory=list)
 
     @property
     def mean_group_size(self) -> float:
@@ -185,7 +187,8 @@ def train_mode(data: Dataset, sync: str, seconds: float, batch: int = 32, lr: fl
         worst_accuracy=min(s[2] for s in stats), consensus_distance=distance, curve=curve,
         groups_by_size={k: n / k for k, n in sorted(memberships.items())},
         request_cost_ms=[s[4] for s in stats],
-        division_reasons=getattr(ranks_schedule, "division_reasons", dict)())
+        division_reasons=getattr(ranks_schedule, "division_reasons", dict)(),
+        generator_events=getattr(ranks_schedule, "generator_events", list)())
 
 
 def _request_cost_ms(schedule) -> Optional[Tuple[float, float, int]]:

@@ -456,3 +456,35 @@ def test_every_division_counts_why_it_ran_and_how_many_ready_workers_it_divided(
     every.request(1)
     every.poll()
     assert every.division_reasons == {"all": 1} and every.divided_by_reason == {"all": 1}
+
+
+def test_events_record_every_request_and_the_groups_each_division_made():
+    now = [0.0]
+    gen = GroupGenerator(4, 2, seed=0, policy="ready", first_wait_s=0.2, clock=lambda: now[0])
+    for w in (2, 0):
+        now[0] += 0.01
+        gen.request(w)
+    now[0] = 0.3  # their windows ended; 1 and 3 have not asked
+    answers = gen.poll()
+    assert list(gen.events) == [("request", 0.01, 2), ("request", 0.02, 0),
+                                ("division", 0.3, "window ended", [(0, 2)])]
+    assert {w: [group for _, group in got] for w, got in answers.items()} == {0: [(0, 2)],
+                                                                              2: [(0, 2)]}
+
+
+def test_events_keep_only_the_latest():
+    from ripples.schedule.generator import EVENTS_KEPT
+
+    now = [0.0]
+    gen = GroupGenerator(2, 2, seed=0, policy="ready", clock=lambda: now[0])
+    for step in range(EVENTS_KEPT):
+        now[0] = float(step)
+        for w in (0, 1):
+            gen.request(w)
+        gen.poll()
+    assert len(gen.events) == EVENTS_KEPT
+    assert gen.events[-1] == ("division", EVENTS_KEPT - 1.0, "everyone ready", [(0, 1)])
+    # 3 events a step, the latest EVENTS_KEPT of 3 * EVENTS_KEPT kept: the first kept one
+    # is event 2 * EVENTS_KEPT, of step (2 * EVENTS_KEPT) // 3
+    first = 2 * EVENTS_KEPT
+    assert gen.events[0][:2] == (("request", "request", "division")[first % 3], first // 3)

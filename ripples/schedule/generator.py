@@ -72,6 +72,8 @@ OVERDUE_INTERVALS = 2.0
 # Why a division ran: policy "all"; every present worker was ready; a ready worker's window
 # ended; no other worker was expected before the earliest window ends.
 DIVISION_REASONS = ("all", "everyone ready", "window ended", "nobody expected sooner")
+# The most recent requests and divisions kept in GroupGenerator.events (about 1 MB).
+EVENTS_KEPT = 10_000
 
 
 @dataclasses.dataclass
@@ -192,6 +194,9 @@ class GroupGenerator:
         # Why the divisions ran (DIVISION_REASONS), and how many ready workers they divided
         self.division_reasons: collections.Counter = collections.Counter()
         self.divided_by_reason: collections.Counter = collections.Counter()
+        # The latest EVENTS_KEPT events: ("request", time, worker) and ("division", time,
+        # reason, groups), to compare how workers arrive here and in a simulation
+        self.events: Deque[tuple] = collections.deque(maxlen=EVENTS_KEPT)
         # Every structure below is kept up to date event by event, so a request costs O(k)
         # (plus O(log P) heap work), never a scan of all P workers: at 1,024 workers asking
         # every 100 ms a scan per request is P^2 = 10^7 visits a second.
@@ -249,6 +254,7 @@ class GroupGenerator:
                 self.ema_alpha * interval + (1 - self.ema_alpha) * state.interval_ema
         state.last_request = now
         state.waiting_since = now
+        self.events.append(("request", now, worker))
         if state.fifo:
             self._enter_others(worker)  # answered from its buffer at the next poll()
             self._touched.add(worker)
@@ -312,7 +318,7 @@ class GroupGenerator:
             self.division_reasons[reason] += 1
             self.divided_by_reason[reason] += len(self._ready)
             for _ in range(self.batch):
-                self._divide(members)
+                self.events.append(("division", self._clock(), reason, self._divide(members)))
             for w in self._ready:
                 self._enter_others(w)
             self._touched.update(self._ready)
@@ -414,7 +420,7 @@ class GroupGenerator:
             return "nobody expected sooner"
         return None
 
-    def _divide(self, members: List[int]) -> None:
+    def _divide(self, members: List[int]) -> List[Group]:
         if self.ranks_per_node is None:
             groups = divide(self._shuffled(members), self.group_size)
         else:
@@ -433,6 +439,7 @@ class GroupGenerator:
                 if state.waiting_since is not None:
                     self._touched.add(w)
         self.divisions += 1
+        return groups
 
     def _may_stay_alone(self, worker: int) -> bool:
         return self._workers[worker].lone_rounds < self.max_isolation

@@ -423,6 +423,15 @@ class GeneratorSchedule(Schedule):
         return {reason: (count, generator.divided_by_reason[reason])
                 for reason, count in generator.division_reasons.items()}
 
+    def generator_events(self) -> list:
+        """On rank 0, the generator's latest requests and divisions
+        (``GroupGenerator.events``, times in seconds from the first); elsewhere empty."""
+        if self._service is None or not self._service.generator.events:
+            return []
+        events = list(self._service.generator.events)
+        start = events[0][1]
+        return [(kind, round(at - start, 6), *rest) for kind, at, *rest in events]
+
     def request_costs(self) -> List[float]:
         """Seconds each kept "groups" request took beyond the time the generator held it
         waiting for a group: the two messages, the service thread's wake-up and the

@@ -153,8 +153,13 @@ def test_a_requests_cost_leaves_out_the_time_the_generator_held_it_for_company()
         assert round_trip >= 0.25 and held >= 0.25, (round_trip, held)
         assert 0.0 <= cost < 0.1 and cost == round_trip - held, (round_trip, held)
         assert sched.division_reasons() == {"window ended": (1, 1)}  # rank 0 runs it
+        (request, division) = sched.generator_events()
+        assert request == ("request", 0.0, 0)
+        assert division[0] == "division" and division[2:] == ("window ended", [(0,)])
+        assert 0.3 <= division[1] < 1.0, division
     else:
         assert sched.request_costs() == [] and sched.division_reasons() == {}
+        assert sched.generator_events() == []
     WORLD.Barrier()
     assert sched.leave() == []
     sched.close()
