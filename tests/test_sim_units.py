@@ -317,6 +317,28 @@ def test_a_spread_service_cost_has_the_given_median_and_the_lognormal_mean():
         Network(service_jitter=-0.1)
 
 
+def test_members_leave_a_collective_apart_by_exponential_shares_of_its_duration():
+    from ripples.sim.engine import _Run
+
+    def run(mean, seed=0):
+        net = Network(workers_per_node=8, exit_early=mean)
+        return _Run(Scenario("generator", 8, Compute(0.1), network=net, problem=SMALL,
+                             seed=seed), None)
+
+    spread = run(0.07)
+    draws = [spread.early_exits(4) for _ in range(5_000)]
+    # the last member (share 0) ends the collective; the others leave before it, each by
+    # an exponential share of mean 0.07 (the excess of an exponential over the minimum)
+    assert all(len(d) == 4 and min(d) == 0.0 and sorted(d)[1] > 0 for d in draws)
+    earlier = np.array([share for d in draws for share in sorted(d)[1:]])
+    assert earlier.mean() == pytest.approx(0.07, rel=0.05)
+    assert np.median(earlier) == pytest.approx(0.07 * math.log(2), rel=0.06)
+    assert run(0.07).early_exits(3) == run(0.07).early_exits(3)  # from the seed
+    assert run(0.0).early_exits(4) is None and spread.early_exits(1) is None
+    with pytest.raises(ValueError, match="exit_early"):
+        Network(exit_early=-0.1)
+
+
 def test_an_exchange_pays_its_own_overhead_not_a_collectives():
     # an AD-PSGD exchange is point-to-point, outside the engine a collective's overhead is for
     net = Network(workers_per_node=2, intra=Link(0.0, 1e9), overhead_s=5.0,

@@ -115,6 +115,10 @@ all-reduce reaches after --target-steps synchronous steps. Example:
     g.add_argument("--service-jitter", type=float, default=0.0,
                    help="spread of each request's cost: service latency x exp(J z), z "
                         "standard normal (default 0: every request costs the same)")
+    g.add_argument("--exit-early", type=float, default=0.0,
+                   help="members of a collective leave it apart: each leaves d x (x - min x) "
+                        "before the last, d its duration, x exponential of this mean (default "
+                        "0: all together; benchmarks/exit_spread.py measures it)")
     g.add_argument("--exchange-overhead-us", type=float,
                    help="software cost of one asynchronous AD-PSGD exchange beyond its two "
                         "messages (default 0)")
@@ -196,6 +200,7 @@ def scenario_from_args(args) -> tuple:
         inter=Link(values["inter_latency_us"] * 1e-6, values["inter_gbps"] * 1e9 / 8),
         algorithm=args.algorithm, overhead_s=values["collective_overhead_us"] * 1e-6,
         service_s=values["service_latency_us"] * 1e-6, service_jitter=args.service_jitter,
+        exit_early=args.exit_early,
         exchange_overhead_s=values["exchange_overhead_us"] * 1e-6,
         inter_pair_Bps=None if args.inter_pair_gbps is None else args.inter_pair_gbps * 1e9 / 8,
         link_sharing=args.link_sharing)

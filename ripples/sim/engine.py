@@ -31,6 +31,7 @@ from .sources import PerStep, make_generator
 from .workers import Blocks
 
 REQUEST_BYTES = 64  # a pickled (op, rank, id) request or a small answer
+MAX_EARLY_EXIT = 0.9  # of a collective's duration
 
 
 def simulate(scenario: Scenario, progress: Optional[Callable[[float], None]] = None) -> RunResult:
@@ -66,6 +67,8 @@ class _Run(EventLoop):
         self.at_barrier: Dict[int, int] = collections.defaultdict(int)
         self.wake_at = None
         self._service_spread = Blocks(np.random.default_rng([s.seed, 13]).standard_normal)
+        self._exit_draws = Blocks(np.random.default_rng([s.seed, 17]).standard_exponential)
+        self.exits: Dict[int, tuple] = {}  # seq -> (start, each member's early exit share)
 
     def start(self) -> None:
         for w in range(self.s.workers):
@@ -74,7 +77,8 @@ class _Run(EventLoop):
     def handlers(self) -> dict:
         return {"computed": self.computed, "averaged": self.averaged,
                 "barrier": self.barrier_done, "request": self.request_arrives,
-                "answer": self.answer_arrives, "wake": self.wake, "exchanged": self.exchanged}
+                "answer": self.answer_arrives, "wake": self.wake, "exchanged": self.exchanged,
+                "left": self.left}
 
     # -- workers -------------------------------------------------------------------
     def begin_step(self, w: int) -> None:
@@ -138,7 +142,21 @@ class _Run(EventLoop):
         if self.gradient_mode and self.s.overlap:  # hidden behind the backward pass
             hidden = self.s.overlap * self.last_compute[last]
             fixed, wire = max(fixed - max(hidden - wire, 0.0), 0.0), max(wire - hidden, 0.0)
+        early = self.early_exits(len(group))
+        if early is not None:  # the collective's end event is its first member's exit
+            self.exits[seq] = (self.clock.now, early)
+            fixed, wire = fixed * (1 - max(early)), wire * (1 - max(early))
         self.start_collective(group, (fixed, wire), "averaged", seq, group)
+
+    def early_exits(self, members: int) -> Optional[List[float]]:
+        """How long before the last member each member leaves a collective, as shares of
+        its duration (``Network.exit_early``), or None: all together."""
+        mean = self.s.network.exit_early
+        if not mean or members < 2:
+            return None
+        draws = [mean * self._exit_draws.next() for _ in range(members)]
+        # capped so that the first member's exit stays after the start
+        return [min(x - min(draws), MAX_EARLY_EXIT) for x in draws]
 
     def averaged(self, seq: int, group: tuple) -> None:
         if self.gradient_mode:
@@ -147,9 +165,24 @@ class _Run(EventLoop):
             self.stats.average_parameters(group)
         self.groups += 1
         self.group_members += len(group)
-        for w in group:
-            self.todo[w].popleft()
-            self.proceed(w)
+        if seq not in self.exits:
+            for w in group:
+                self.left(w)
+            return
+        start, early = self.exits.pop(seq)
+        first = max(early)
+        duration = (self.clock.now - start) / (1 - first)  # to the last member
+        for w, share in zip(group, early):
+            later = duration * (first - share)
+            if later > 0:
+                self.push(self.clock.now + later, "left", w)
+            else:
+                self.left(w)
+
+    def left(self, w: int) -> None:
+        """``w`` left the collective at the head of its to-do list."""
+        self.todo[w].popleft()
+        self.proceed(w)
 
     # -- asynchronous AD-PSGD -----------------------------------------------------
     def exchange_or_step(self, w: int) -> None:
