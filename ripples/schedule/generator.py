@@ -317,8 +317,9 @@ class GroupGenerator:
             members = self.active if self.policy == "all" else sorted(self._ready)
             self.division_reasons[reason] += 1
             self.divided_by_reason[reason] += len(self._ready)
+            now = self._clock()
             for _ in range(self.batch):
-                self.events.append(("division", self._clock(), reason, self._divide(members)))
+                self.events.append(("division", now, reason, self._divide(members)))
             for w in self._ready:
                 self._enter_others(w)
             self._touched.update(self._ready)
